@@ -1,0 +1,181 @@
+"""Muon (+ AdamW) on FSDP2-sharded parameters: gather, orthogonalize, scatter.
+
+Per step and per hidden matrix: the momentum is advanced on the local shard only (the
+optimizer state stays sharded, about 1/N of it per rank); the update is formed on the
+local shard and cast to the Newton–Schulz dtype; the full matrix is assembled, either on
+every rank (``mode="all_ranks"``) or on one owner rank (``mode="owner_split"``);
+orthogonalized by the reference's own function; and each rank applies its rows of the
+result, with weight decay, to its local shard. The lr scale comes from the *global*
+matrix shape. AdamW runs on local shards as it is elementwise.
+
+The math is imported from ``reference``; placement and communication live in
+``distributed_impl.placement``. This module owns only the order of the steps. Subclasses
+(the negative controls in ``gates/``) override one hook each to plant a known bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from distributed_impl import placement
+from reference import MUON_DEFAULTS, adamw_update, apply_update, lr_scale, momentum_update, orthogonalize
+from reference.muon import restore_float32_state, validate_settings
+
+Mode = Literal["all_ranks", "owner_split"]
+Orthogonalizer = Callable[..., Tensor]
+
+
+class ShardedMuon(torch.optim.Optimizer):
+    """Muon for sharded hidden matrices and AdamW for the rest; same settings as ``reference.Muon``.
+
+    Parameters must be DTensors from ``fully_shard`` (or ``distribute_tensor``) with
+    ``(Shard(0),)`` on a 1-D mesh or ``(Replicate(), Shard(0))`` on a 2-D HSDP mesh.
+    Param groups may carry ``param_names`` (as ``named_parameters`` gives them) for errors.
+
+    ``mode``: ``"all_ranks"`` (every rank orthogonalizes every matrix; easiest to audit)
+    or ``"owner_split"`` (each matrix on one owner rank, exchanged with all-to-all).
+    ``orthogonalize_fn``: the Newton–Schulz function, the reference's by default; it is
+    called as ``fn(matrix, steps, ns_coefficients=…, eps=…, eps_form=…, dtype=…)``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        *,
+        mode: Mode = "all_ranks",
+        bucket_numel: int = 1 << 26,
+        orthogonalize_fn: Orthogonalizer = orthogonalize,
+        **settings: Any,
+    ) -> None:
+        if mode not in get_args(Mode):
+            raise ValueError(f"mode={mode!r} is not one of {get_args(Mode)}")
+        unknown = set(settings) - set(MUON_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(MUON_DEFAULTS)}")
+        super().__init__(params, {**MUON_DEFAULTS, **settings})
+        self.mode: Mode = mode
+        self.orthogonalize_fn = orthogonalize_fn
+        self._exchange = placement.OwnerExchange(bucket_numel)
+        for gi, group in enumerate(self.param_groups):
+            validate_settings(group)
+            for name, p in zip(self._names(gi, group), group["params"], strict=True):
+                placement.check_layout(name, p, matrix=group["use_muon"])
+
+    @staticmethod
+    def _names(gi: int, group: dict[str, Any]) -> list[str]:
+        names = group.get("param_names")
+        return list(names) if names else [f"group{gi}.param{i}" for i in range(len(group["params"]))]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        restore_float32_state(self, state_dict)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            # FSDP2 gives a parameter a gradient on every rank or on none, so this
+            # filter keeps every rank's list of collectives the same.
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["use_muon"]:
+                self._muon_group(params, group)
+            else:
+                self._adamw_group(params, group)
+        return loss
+
+    # -- Muon ---------------------------------------------------------------------------
+    def _muon_group(self, params: list[DTensor], group: dict[str, Any]) -> None:
+        updates = []
+        for p in params:
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = _zeros_like_sharded(p)
+            buf = state["momentum_buffer"].to_local()
+            update = self._momentum(buf, _local(p.grad), group)
+            updates.append(update.to(group["ns_dtype"]))
+        ortho = self._orthogonalize_all(updates, params, group)
+        for p, o in zip(params, ortho, strict=True):
+            scaled = group["lr"] * self._lr_scale(p, group)
+            self._apply(p.to_local(), o, group, scaled)
+
+    def _momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any]) -> Tensor:
+        return momentum_update(buf, grad, group["momentum"], group["nesterov"], group["momentum_form"])
+
+    def _lr_scale(self, p: DTensor, group: dict[str, Any]) -> float:
+        return lr_scale(p.shape, group["adjust_lr_fn"])
+
+    def _apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
+        apply_update(local, ortho, group["lr"], group["weight_decay"], scaled_lr)
+
+    def _ns(self, group: dict[str, Any]) -> Callable[[Tensor], Tensor]:
+        def run(matrix: Tensor) -> Tensor:
+            return self.orthogonalize_fn(
+                matrix,
+                group["ns_steps"],
+                ns_coefficients=group["ns_coefficients"],
+                eps=group["eps"],
+                eps_form=group["eps_form"],
+                dtype=group["ns_dtype"],
+            )
+
+        return run
+
+    def _orthogonalize_all(self, updates: list[Tensor], params: list[DTensor], group: dict[str, Any]) -> list[Tensor]:
+        ns = self._ns(group)
+        out: list[Tensor | None] = [None] * len(params)
+        gathered = []
+        for i, (u, p) in enumerate(zip(updates, params, strict=True)):
+            if placement.needs_gather(p):
+                gathered.append(i)
+            else:
+                out[i] = ns(u)  # a shard of whole expert matrices: nothing to gather
+        if self.mode == "owner_split":
+            results = self._exchange.run([updates[i] for i in gathered], [params[i] for i in gathered], ns)
+            for i, r in zip(gathered, results, strict=True):
+                out[i] = r
+        else:
+            for i in gathered:
+                out[i] = self._gathered_ns(updates[i], params[i], ns)
+        return [o for o in out if o is not None]
+
+    def _gathered_ns(self, update: Tensor, p: DTensor, ns: Callable[[Tensor], Tensor]) -> Tensor:
+        return placement.local_rows(ns(placement.gather_full(update, p)), p)
+
+    # -- AdamW --------------------------------------------------------------------------
+    def _adamw_group(self, params: list[DTensor], group: dict[str, Any]) -> None:
+        for p in params:
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = _zeros_like_sharded(p)
+                state["exp_avg_sq"] = _zeros_like_sharded(p)
+            state["step"] += 1
+            adamw_update(
+                p.to_local(),
+                _local(p.grad),
+                state["exp_avg"].to_local(),
+                state["exp_avg_sq"].to_local(),
+                int(state["step"].item()),
+                lr=group["adamw_lr"],
+                betas=group["adamw_betas"],
+                eps=group["adamw_eps"],
+                weight_decay=group["adamw_weight_decay"],
+            )
+
+
+def _local(t: Tensor) -> Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _zeros_like_sharded(p: DTensor) -> DTensor:
+    """Float32 zeros with the parameter's layout, as a DTensor so DCP can save it."""
+    local = torch.zeros(p.to_local().shape, dtype=torch.float32, device=p.to_local().device)
+    return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())

@@ -1,0 +1,351 @@
+"""A persistent pool of rank processes that runs one distributed case at a time.
+
+Spawning a process group costs seconds; reusing one costs about a millisecond. The pool
+spawns ``nproc`` workers once, and each case reuses the process group of the case before
+it when the world size is the same and nothing went wrong. Any failure (a rank raised, hung
+or died) tears the whole pool down; the next case gets fresh processes and a fresh
+process group, so one bad case cannot leak into the next.
+
+Rendezvous never uses a fixed port: the parent owns a ``TCPStore`` bound to port 0, and
+every process group lives under its own store prefix. Several pools (pytest-xdist
+workers) therefore run side by side without colliding.
+
+Nothing hangs forever: each case has a wall-clock deadline in the parent, process groups
+get a short timeout, and a rank that hangs is asked for its Python stack (``faulthandler``
+on ``SIGUSR1``) before it is killed. A rank killed by a signal (gloo aborts on a
+size-mismatched collective) is seen through its process sentinel, with its exit code and
+the tail of its log, which holds what the C++ side printed before it died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal
+
+FailureKind = Literal["error", "hang", "died", "startup"]
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a task running on one rank knows about where it runs."""
+
+    rank: int
+    world_size: int
+    device: str
+    backend: str
+    case_id: int
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """Why a case did not complete: which rank, how, and what each rank was doing."""
+
+    kind: FailureKind
+    rank: int
+    message: str
+    exitcode: int | None = None
+    stacks: Mapping[int, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        head = f"rank {self.rank} {self.kind}"
+        if self.exitcode is not None:
+            head += f" (exit code {self.exitcode}{_signal_name(self.exitcode)})"
+        parts = [f"{head}: {self.message}"]
+        for rank, text in sorted(self.stacks.items()):
+            if text.strip():
+                parts.append(f"--- rank {rank} ---\n{text.rstrip()}")
+        return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """Per-rank return values (``None`` for ranks outside the case's world) or a failure."""
+
+    results: list[Any]
+    failure: RankFailure | None
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def _signal_name(exitcode: int) -> str:
+    if exitcode < 0:
+        with contextlib.suppress(ValueError):
+            return f", {signal.Signals(-exitcode).name}"
+    return ""
+
+
+@dataclass(frozen=True)
+class _Job:
+    case_id: int
+    world_size: int
+    group_key: int
+    fn: Callable[[RankContext, Any], Any]
+    payload: Any
+    pg_timeout_s: float
+    env: Mapping[str, str]
+
+
+def _worker_main(
+    rank: int,
+    host: str,
+    port: int,
+    backend: str,
+    device: str,
+    conn: Connection,
+    log_path: str,
+) -> None:
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    # C++ messages (gloo's abort reasons, NCCL warnings) go to fd 2: keep them for the parent.
+    os.dup2(log.fileno(), 2)
+    sys.stderr = log
+    faulthandler.enable(file=log, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+
+    import torch
+    import torch.distributed as dist
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
+    group_key: int | None = None
+    conn.send(("ready", os.getpid()))
+    while True:
+        job: _Job | None = conn.recv()
+        if job is None:
+            break
+        try:
+            for key, value in job.env.items():
+                os.environ[key] = value
+            if job.group_key != group_key:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                dist.init_process_group(
+                    backend,
+                    store=dist.PrefixStore(f"group{job.group_key}", store),
+                    rank=rank,
+                    world_size=job.world_size,
+                    timeout=timedelta(seconds=job.pg_timeout_s),
+                )
+                group_key = job.group_key
+            ctx = RankContext(rank, job.world_size, device, backend, job.case_id)
+            conn.send(("ok", job.fn(ctx, job.payload)))
+        except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+            conn.send(("error", traceback.format_exc()))
+
+
+class RankPool:
+    """``nproc`` rank processes reused across cases; see the module docstring."""
+
+    def __init__(
+        self,
+        nproc: int,
+        *,
+        backend: str = "gloo",
+        devices: list[str] | None = None,
+        case_timeout_s: float = 60.0,
+        pg_timeout_s: float = 10.0,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        if nproc < 1:
+            raise ValueError(f"nproc={nproc} must be at least 1")
+        if devices is not None and len(devices) != nproc:
+            raise ValueError(f"devices={devices!r} must name one device per rank ({nproc})")
+        self.nproc = nproc
+        self.backend = backend
+        self.devices = devices or ["cpu"] * nproc
+        self.case_timeout_s = case_timeout_s
+        self.pg_timeout_s = pg_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.spawns = 0
+        self._ctx = mp.get_context("spawn")
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._logs: list[str] = []
+        self._logdir = tempfile.mkdtemp(prefix="muongate-pool-")
+        self._store: Any = None
+        self._next_case = 0
+        self._group_key = 0
+        self._group_world: int | None = None
+
+    # -- life cycle -------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs)
+
+    def start(self) -> None:
+        import torch.distributed as dist
+
+        if self._store is None:
+            self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.spawns += 1
+        self._logs = [os.path.join(self._logdir, f"spawn{self.spawns}-rank{r}.log") for r in range(self.nproc)]
+        for rank in range(self.nproc):
+            parent_end, child_end = self._ctx.Pipe()
+            proc = self._ctx.Process(
+                target=_worker_main,
+                args=(rank, "127.0.0.1", self._store.port, self.backend, self.devices[rank], child_end, self._logs[rank]),
+                daemon=True,
+                name=f"muongate-rank{rank}",
+            )
+            proc.start()
+            child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+        deadline = time.monotonic() + self.startup_timeout_s
+        for rank, conn in enumerate(self._conns):
+            ready = wait([conn, self._procs[rank].sentinel], timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                if conn not in ready:
+                    raise EOFError
+                conn.recv()
+            except (EOFError, OSError):
+                tail = self._log_tail(rank, 0)
+                self.shutdown()
+                raise RuntimeError(f"rank {rank} of the pool did not start: {tail or 'no output'}") from None
+        self._group_world = None
+
+    def shutdown(self, *, kill: bool = False) -> None:
+        """Stops the workers: politely, or (``kill``, after a failure) at once."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                conn.send(None)
+        for proc in self._procs:
+            if kill:
+                proc.kill()
+            proc.join(timeout=2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+        self._group_world = None
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- running a case ---------------------------------------------------------------
+    def run(
+        self,
+        fn: Callable[[RankContext, Any], Any],
+        payload: Any = None,
+        *,
+        world_size: int | None = None,
+        timeout_s: float | None = None,
+        fresh_group: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> CaseOutcome:
+        """Runs ``fn(ctx, payload)`` on ranks ``0 .. world_size-1``; never raises for a rank's failure.
+
+        ``fn`` must be importable by name (module level). ``env`` is set in the ranks
+        before a fresh process group is made (e.g. ``TORCH_DISTRIBUTED_DEBUG``) and stays
+        until the pool is respawned, so a case with ``env`` gets a pool of its own.
+        """
+        world = self.nproc if world_size is None else world_size
+        if not 1 <= world <= self.nproc:
+            raise ValueError(f"world_size={world} must be between 1 and the pool's nproc={self.nproc}")
+        if env:
+            self.shutdown()
+        if not self.alive:
+            self.start()
+        if fresh_group or world != self._group_world:
+            self._group_key += 1
+            self._group_world = world
+        self._next_case += 1
+        job = _Job(self._next_case, world, self._group_key, fn, payload, self.pg_timeout_s, dict(env or {}))
+        offsets = [self._log_size(r) for r in range(world)]
+        start = time.monotonic()
+        for rank in range(world):
+            self._conns[rank].send(job)
+        results, failure = self._collect(world, start + (timeout_s or self.case_timeout_s), offsets)
+        if failure is not None or env:
+            self.shutdown(kill=failure is not None)
+        return CaseOutcome(results + [None] * (self.nproc - world), failure, time.monotonic() - start)
+
+    def _collect(self, world: int, deadline: float, offsets: list[int]) -> tuple[list[Any], RankFailure | None]:
+        results: list[Any] = [None] * world
+        pending = set(range(world))
+        failure: RankFailure | None = None
+        while pending:
+            by_handle: dict[Any, tuple[str, int]] = {}
+            for r in pending:
+                by_handle[self._conns[r]] = ("conn", r)
+                by_handle[self._procs[r].sentinel] = ("proc", r)
+            ready = wait(list(by_handle), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return results, self._hang(pending, offsets, failure)
+            for handle in ready:
+                what, rank = by_handle[handle]
+                if rank not in pending:
+                    continue
+                if what == "conn":
+                    try:
+                        status, value = self._conns[rank].recv()
+                    except (EOFError, OSError):
+                        continue  # the process died; its sentinel reports it
+                    pending.discard(rank)
+                    if status == "ok":
+                        results[rank] = value
+                    elif failure is None:
+                        failure = RankFailure("error", rank, value)
+                        # Peers may be waiting in a collective the failed rank never
+                        # entered: give them a short grace, not the whole deadline.
+                        deadline = min(deadline, time.monotonic() + min(3.0, self.pg_timeout_s))
+                else:
+                    self._procs[rank].join(timeout=1)
+                    pending.discard(rank)
+                    stacks = {r: self._dump_stack(r, offsets[r]) for r in sorted(pending)}
+                    tail = self._log_tail(rank, offsets[rank]) or "no output"
+                    return results, RankFailure("died", rank, tail, self._procs[rank].exitcode, stacks)
+        return results, failure
+
+    def _hang(self, pending: set[int], offsets: list[int], earlier: RankFailure | None) -> RankFailure:
+        stacks = {r: self._dump_stack(r, offsets[r]) for r in sorted(pending)}
+        if earlier is not None:
+            return RankFailure(earlier.kind, earlier.rank, earlier.message, earlier.exitcode, stacks)
+        rank = min(pending)
+        return RankFailure(
+            "hang", rank, f"ranks {sorted(pending)} did not finish before the deadline", stacks=stacks
+        )
+
+    def _dump_stack(self, rank: int, offset: int) -> str:
+        proc = self._procs[rank]
+        if proc.is_alive() and proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(0.3)
+        return self._log_tail(rank, offset)
+
+    # -- logs ---------------------------------------------------------------------------
+    def _log_size(self, rank: int) -> int:
+        try:
+            return os.path.getsize(self._logs[rank])
+        except OSError:
+            return 0
+
+    def _log_tail(self, rank: int, offset: int, limit: int = 8000) -> str:
+        try:
+            with open(self._logs[rank], errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
+        except OSError:
+            return ""
+        return text[-limit:]

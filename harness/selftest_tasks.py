@@ -1,0 +1,50 @@
+"""Rank-side tasks used by the harness's own tests: one that works and one per way to fail."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from harness.pool import RankContext
+
+
+def sum_of_ranks(ctx: RankContext, payload: Any) -> float:
+    """All-reduces each rank's number: proves the ranks share a real process group."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(ctx.rank)], device=ctx.device)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def raise_on_rank(ctx: RankContext, payload: int) -> int:
+    """Rank ``payload`` raises before the collective its peers wait in."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == payload:
+        raise ValueError(f"planted failure on rank {ctx.rank}")
+    dist.all_reduce(torch.zeros(1, device=ctx.device))
+    return ctx.rank
+
+
+def hang_on_rank(ctx: RankContext, payload: int) -> int:
+    """Rank ``payload`` sleeps far past any deadline."""
+    if ctx.rank == payload:
+        time.sleep(3600)
+    return ctx.rank
+
+
+def die_on_rank(ctx: RankContext, payload: int) -> int:
+    """Rank ``payload`` is killed by SIGABRT, as gloo does on a size-mismatched collective."""
+    if ctx.rank == payload:
+        os.kill(os.getpid(), signal.SIGABRT)
+        time.sleep(10)
+    return ctx.rank
+
+
+def pid(ctx: RankContext, payload: Any) -> int:
+    return os.getpid()

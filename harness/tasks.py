@@ -1,0 +1,183 @@
+"""What a rank does with an optimizer ``Case``: build identical inputs, run the reference and
+the candidate side by side, and compare every tensor of every step.
+
+Both sides get identical inputs: parameters and gradients are drawn on the CPU from the
+case's seed (the same on every rank), moved to the device, and only then sharded. The
+candidate's parameters are real FSDP2 parameters (``fully_shard`` of a module holding
+them); gradients are fed as DTensors with the parameters' placement, as FSDP2's
+reduce-scatter would leave them. Every rank runs the single-device reference on the full
+tensors and compares its own shard, so no rank needs anyone else's data to judge, and
+no rank raises inside a collective: the verdicts go back to the parent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+import reference
+from harness.cases import Case, ParamSpec
+from harness.compare import BITWISE, Comparison, compare
+from harness.pool import RankContext
+
+STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
+
+
+def load_object(spec: str) -> Any:
+    """``'package.module:attr'`` → the object; the error says what was asked for."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{spec!r} is not of the form MODULE:NAME")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def initial_param(spec: ParamSpec, seed: int, index: int) -> Tensor:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
+    return torch.randn(spec.shape, generator=gen).to(getattr(torch, spec.dtype))
+
+
+def gradient(spec: ParamSpec, seed: int, index: int, step: int) -> Tensor | None:
+    """The gradient of parameter ``index`` on ``step``: the same on every rank and both sides."""
+    if spec.grad == "none" or (spec.grad == "every_other" and step % 2 == 1):
+        return None
+    if spec.grad == "zero":
+        return torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype))
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + index + 7919 * (step + 1))
+    return (torch.randn(spec.shape, generator=gen) * spec.grad_scale).to(getattr(torch, spec.dtype))
+
+
+class _Holder(nn.Module):
+    def __init__(self, tensors: dict[str, Tensor]) -> None:
+        super().__init__()
+        for name, t in tensors.items():
+            self.register_parameter(name, nn.Parameter(t.clone()))
+
+
+def param_groups(case: Case, params: list[Tensor], names: list[str]) -> list[dict[str, Any]]:
+    muon = [i for i, s in enumerate(case.params) if s.use_muon]
+    other = [i for i, s in enumerate(case.params) if not s.use_muon]
+    groups = []
+    for use_muon, idx in ((True, muon), (False, other)):
+        if idx:
+            groups.append({"params": [params[i] for i in idx], "param_names": [names[i] for i in idx], "use_muon": use_muon})
+    return groups
+
+
+def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
+    plain = [nn.Parameter(t.clone()) for t in tensors]
+    groups = param_groups(case, plain, [s.name for s in case.params])
+    for g in groups:
+        del g["param_names"]
+    return reference.Muon(groups, **case.settings_dict())
+
+
+def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.Optimizer]) -> torch.optim.Optimizer:
+    params = [getattr(model, s.name) for s in case.params]
+    kwargs = case.settings_dict()
+    if case.mode is not None:
+        kwargs["mode"] = case.mode
+    return factory(param_groups(case, params, [s.name for s in case.params]), **kwargs)
+
+
+def _mesh(case: Case, device: torch.device) -> DeviceMesh:
+    names = ("replicate", "shard") if len(case.mesh) == 2 else ("shard",)
+    return init_device_mesh(device.type, case.mesh, mesh_dim_names=names)
+
+
+def _model(case: Case, tensors: list[Tensor], mesh: DeviceMesh) -> nn.Module:
+    model = _Holder({s.name: t for s, t in zip(case.params, tensors, strict=True)})
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[str, Any]]:
+    """Runs one case on this rank and returns its comparison records."""
+    gate, case = payload
+    device = torch.device(ctx.device)
+    factory = load_object(case.candidate)
+    tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+    mesh = _mesh(case, device)
+    ref = _reference(case, tensors)
+    ref_params = [p for g in ref.param_groups for p in g["params"]]
+    ref_by_name = dict(zip([s.name for s in case.params if s.use_muon] + [s.name for s in case.params if not s.use_muon], ref_params, strict=True))
+    model = _model(case, tensors, mesh)
+    opt = _candidate(case, model, factory)
+    records: list[Comparison] = []
+    for step in range(case.steps):
+        for i, spec in enumerate(case.params):
+            g = gradient(spec, case.seed, i, step)
+            ref_p = ref_by_name[spec.name]
+            cand_p = getattr(model, spec.name)
+            ref_p.grad = None if g is None else g.to(device)
+            cand_p.grad = None if g is None else _shard_like(g.to(device), cand_p)
+        ref.step()
+        opt.step()
+        if case.checkpoint_after is not None and step + 1 == case.checkpoint_after:
+            model, opt = _round_trip(case, model, opt, mesh, factory, ctx)
+        for spec in case.params:
+            ref_p = ref_by_name[spec.name]
+            cand_p = getattr(model, spec.name)
+            records.append(_cmp(gate, f"{spec.name}", step, ctx.rank, ref_p.detach(), cand_p))
+            ref_state, cand_state = ref.state.get(ref_p, {}), opt.state.get(cand_p, {})
+            for key in STATE_KEYS:
+                if key in ref_state and key in cand_state:
+                    records.append(_cmp(gate, f"{spec.name}.{key}", step, ctx.rank, ref_state[key], cand_state[key]))
+    return [r.to_record() for r in records]
+
+
+def _shard_like(full: Tensor, p: Tensor) -> Tensor:
+    if isinstance(p, DTensor):
+        return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
+    return full
+
+
+def _cmp(gate: str, name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor) -> Comparison:
+    if isinstance(cand, DTensor):
+        expected = distribute_tensor(ref_full, cand.device_mesh, cand.placements, src_data_rank=None).to_local()
+        actual = cand.to_local()
+    else:
+        expected, actual = ref_full, cand
+    return compare(expected, actual.detach(), gate=gate, tensor=name, step=step, rank=rank, tier=BITWISE)
+
+
+def _round_trip(
+    case: Case,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    mesh: DeviceMesh,
+    factory: Callable[..., torch.optim.Optimizer],
+    ctx: RankContext,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Saves model and optimizer with DCP, loads them into a fresh model and optimizer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    path = os.path.join(tempfile.gettempdir(), f"muongate-ckpt-{os.getppid()}-{ctx.case_id}")
+    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
+    zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=ctx.device) for s in case.params]
+    fresh = _model(case, zeros, mesh)
+    fresh_opt = _candidate(case, fresh, factory)
+    state = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(fresh, state["model"])
+    set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
+    dist.barrier()
+    if ctx.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    return fresh, fresh_opt

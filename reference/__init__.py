@@ -1,0 +1,25 @@
+"""Single-device reference Muon (+ AdamW for everything that is not a hidden matrix)."""
+
+from reference.muon import (
+    MUON_DEFAULTS,
+    Muon,
+    adamw_update,
+    apply_update,
+    coefficient_schedule,
+    lr_scale,
+    momentum_update,
+    orthogonalize,
+    validate_settings,
+)
+
+__all__ = [
+    "MUON_DEFAULTS",
+    "Muon",
+    "adamw_update",
+    "apply_update",
+    "coefficient_schedule",
+    "lr_scale",
+    "momentum_update",
+    "orthogonalize",
+    "validate_settings",
+]

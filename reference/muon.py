@@ -1,0 +1,365 @@
+"""Single-device Muon, the reference every sharded implementation is checked against.
+
+Muon (Keller Jordan, 2024) updates a hidden weight matrix with the *orthogonalized*
+momentum: the Newton–Schulz iteration pushes every singular value of the momentum
+towards one, so the update moves all directions of the matrix by about the same amount.
+Everything that is not a hidden matrix (embeddings, heads, norms, biases) is trained
+with AdamW in the same optimizer, through param groups (``use_muon=False``).
+
+Published Muons disagree on almost every detail, and a sharded implementation can
+quietly pick a different one. Every convention is therefore an explicit setting here:
+
+momentum form (``momentum_form``)
+    ``"ema"`` (torch.optim.Muon, Keller Jordan): ``buf = lerp(buf, g, 1 - μ)``,
+    Nesterov update ``lerp(g, buf, μ)``.
+    ``"sum"`` (d2l, classic SGD): ``buf = μ·buf + g``, Nesterov update ``g + μ·buf``.
+    With ``nesterov=False`` the update is ``buf`` itself.
+Newton–Schulz coefficients (``ns_coefficients``)
+    ``"keller"``: the quintic (3.4445, −4.7750, 2.0315) on every iteration.
+    ``"polar_express"``: the five per-iteration triples of Amsel et al. 2025 as used in
+    modded-nanogpt, with its 2 % safety factor on the norm; iterations past the fifth
+    reuse the last triple. A tuple ``(a, b, c)`` gives a custom quintic.
+eps form (``eps_form``)
+    ``"add"`` (Keller Jordan): ``X / (‖X‖_F·s + eps)``; ``"clamp"`` (torch.optim.Muon):
+    ``X / max(‖X‖_F·s, eps)``; ``s`` is the safety factor (1 except Polar Express).
+Newton–Schulz dtype (``ns_dtype``)
+    ``torch.bfloat16`` (default, as everyone) or ``torch.float32``. The output stays in
+    this dtype; it is widened only when it is added to the parameter.
+lr scale (``adjust_lr_fn``)
+    ``"original"``: lr·√max(1, rows/cols); ``"match_rms_adamw"``: lr·0.2·√max(rows, cols)
+    (Moonshot); ``"none"``: lr. Rows and cols are the *global* matrix shape, never a shard's.
+weight decay
+    Decoupled, before the update, with the unscaled lr: ``p ← p·(1 − lr·wd)``.
+tall matrices
+    A matrix with more rows than columns is transposed before Newton–Schulz and back
+    after, so the Gram matrix is always the small one.
+3-D tensors
+    ``[E, rows, cols]`` (stacked MoE experts) is E independent matrices; each is
+    orthogonalized on its own, one at a time. Batching them into one ``bmm`` is *not*
+    bitwise the same on every shape, so the reference never does it.
+``grad is None``
+    The parameter is skipped entirely: no momentum, no weight decay, no step count.
+precision
+    Optimizer state (momentum, AdamW moments) is float32 whatever the parameter dtype.
+    Elementwise arithmetic runs in float32 and a low-precision parameter is rounded once
+    at the end. This is a choice for sharding: bf16 ``add(…, alpha=…)`` on the CPU
+    rounds differently in the vectorised body and the scalar tail of a loop, so the same
+    element could get different bits on a shard of a different length.
+
+The Newton–Schulz iteration uses ``addmm`` (torch.optim.Muon's arithmetic, and the fast
+one on GPUs); it is not bitwise the plain ``a·X + (b·A + c·A²)·X`` form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, cast, get_args
+
+import torch
+from torch import Tensor
+
+MomentumForm = Literal["ema", "sum"]
+EpsForm = Literal["add", "clamp"]
+LrAdjust = Literal["original", "match_rms_adamw", "none"]
+CoefficientsName = Literal["keller", "polar_express"]
+
+KELLER_COEFFICIENTS: tuple[tuple[float, float, float], ...] = ((3.4445, -4.7750, 2.0315),)
+# Amsel, Persson, Musco, Gower, "The Polar Express" (arXiv 2505.16932), five-step schedule
+# with safety factor 2e-2 as published in modded-nanogpt's train_gpt.py.
+POLAR_EXPRESS_COEFFICIENTS: tuple[tuple[float, float, float], ...] = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+POLAR_EXPRESS_SAFETY = 1.02
+
+
+def coefficient_schedule(
+    ns_coefficients: CoefficientsName | tuple[float, float, float],
+) -> tuple[tuple[tuple[float, float, float], ...], float]:
+    """The per-iteration (a, b, c) triples and the norm safety factor for a setting."""
+    if ns_coefficients == "keller":
+        return KELLER_COEFFICIENTS, 1.0
+    if ns_coefficients == "polar_express":
+        return POLAR_EXPRESS_COEFFICIENTS, POLAR_EXPRESS_SAFETY
+    if isinstance(ns_coefficients, tuple) and len(ns_coefficients) == 3:
+        a, b, c = (float(x) for x in ns_coefficients)
+        return ((a, b, c),), 1.0
+    raise ValueError(
+        f"ns_coefficients={ns_coefficients!r} is not 'keller', 'polar_express' or a tuple (a, b, c)"
+    )
+
+
+def _newton_schulz_2d(
+    G: Tensor,
+    steps: int,
+    schedule: tuple[tuple[float, float, float], ...],
+    safety: float,
+    eps: float,
+    eps_form: EpsForm,
+    dtype: torch.dtype,
+) -> Tensor:
+    X = G.to(dtype)
+    transposed = G.size(0) > G.size(1)
+    if transposed:
+        X = X.T
+    norm = X.norm() * safety if safety != 1.0 else X.norm()
+    X = X / (norm + eps) if eps_form == "add" else X / norm.clamp(min=eps)
+    for i in range(steps):
+        a, b, c = schedule[min(i, len(schedule) - 1)]
+        A = X @ X.T
+        B = torch.addmm(A, A, A, beta=b, alpha=c)
+        X = torch.addmm(X, B, X, beta=a)
+    return X.T if transposed else X
+
+
+def orthogonalize(
+    G: Tensor,
+    steps: int = 5,
+    *,
+    ns_coefficients: CoefficientsName | tuple[float, float, float] = "keller",
+    eps: float = 1e-7,
+    eps_form: EpsForm = "add",
+    dtype: torch.dtype = torch.bfloat16,
+) -> Tensor:
+    """Newton–Schulz orthogonalization of a matrix, or of each matrix of a batch.
+
+    The quintic's slope at zero is pushed so high that it stops converging to one: the
+    output is roughly ``U S' Vᵀ`` with ``S'`` in about [0.7, 1.2] rather than the exact
+    polar factor ``U Vᵀ``. That is fine for training (Keller Jordan found no loss in model
+    quality) and it is what every Muon ships, so it is what the reference computes.
+
+    Leading dimensions are a batch, orthogonalized one matrix at a time. The result has
+    ``dtype`` and the shape of ``G``.
+    """
+    schedule, safety = coefficient_schedule(ns_coefficients)
+    if G.ndim < 2:
+        raise ValueError(f"orthogonalize needs a matrix or a batch of matrices; got shape {tuple(G.shape)}")
+    if G.ndim == 2:
+        return _newton_schulz_2d(G, steps, schedule, safety, eps, eps_form, dtype)
+    flat = G.reshape(-1, *G.shape[-2:])
+    out = [_newton_schulz_2d(m, steps, schedule, safety, eps, eps_form, dtype) for m in flat.unbind(0)]
+    if not out:
+        return torch.empty(G.shape, dtype=dtype, device=G.device)
+    return torch.stack(out).reshape(G.shape)
+
+
+def lr_scale(shape: Sequence[int], adjust_lr_fn: LrAdjust) -> float:
+    """The factor Muon's lr is multiplied by, from the global (rows, cols) of one matrix."""
+    rows, cols = shape[-2], shape[-1]
+    if adjust_lr_fn == "original":
+        return math.sqrt(max(1.0, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0
+
+
+def momentum_update(
+    buf: Tensor, grad: Tensor, momentum: float, nesterov: bool, momentum_form: MomentumForm
+) -> Tensor:
+    """Advances the float32 momentum buffer in place and returns the float32 update.
+
+    Purely elementwise, so a shard of ``buf`` and ``grad`` gives that shard of the result.
+    """
+    g = grad.float()
+    if momentum_form == "ema":
+        buf.lerp_(g, 1 - momentum)
+        return g.lerp(buf, momentum) if nesterov else buf.clone()
+    buf.mul_(momentum).add_(g)
+    return g.add(buf, alpha=momentum) if nesterov else buf.clone()
+
+
+def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float, scaled_lr: float) -> None:
+    """``p ← p·(1 − lr·wd) − scaled_lr·update``, in float32, rounding ``p`` once. Elementwise."""
+    p = param if param.dtype == torch.float32 else param.float()
+    if weight_decay != 0:
+        p.mul_(1 - lr * weight_decay)
+    p.add_(update.float(), alpha=-scaled_lr)
+    if p is not param:
+        param.copy_(p)
+
+
+def adamw_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: int,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """One AdamW step (torch.optim.AdamW's single-tensor arithmetic) on float32 state. Elementwise."""
+    beta1, beta2 = betas
+    g = grad.float()
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2_sqrt = math.sqrt(1 - beta2**step)
+    p = param if param.dtype == torch.float32 else param.float()
+    if weight_decay != 0:
+        p.mul_(1 - lr * weight_decay)
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    p.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+    if p is not param:
+        param.copy_(p)
+
+
+_NS_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def validate_settings(group: dict[str, Any]) -> None:
+    """Raises ``ValueError`` naming the first setting of a param group that is out of range."""
+
+    def bad(name: str, why: str) -> ValueError:
+        return ValueError(f"{name}={group[name]!r} {why}")
+
+    if not group["lr"] >= 0:
+        raise bad("lr", "must be >= 0")
+    if not group["weight_decay"] >= 0:
+        raise bad("weight_decay", "must be >= 0")
+    if not 0 <= group["momentum"] < 1:
+        raise bad("momentum", "must be in [0, 1)")
+    if group["momentum_form"] not in get_args(MomentumForm):
+        raise bad("momentum_form", f"is not one of {get_args(MomentumForm)}")
+    if group["eps_form"] not in get_args(EpsForm):
+        raise bad("eps_form", f"is not one of {get_args(EpsForm)}")
+    if group["adjust_lr_fn"] not in get_args(LrAdjust):
+        raise bad("adjust_lr_fn", f"is not one of {get_args(LrAdjust)}")
+    if group["ns_dtype"] not in _NS_DTYPES:
+        raise bad("ns_dtype", "must be torch.bfloat16 or torch.float32")
+    if not (isinstance(group["ns_steps"], int) and 0 <= group["ns_steps"] < 100):
+        raise bad("ns_steps", "must be an int in [0, 100)")
+    if not group["eps"] > 0:
+        raise bad("eps", "must be > 0")
+    coefficient_schedule(group["ns_coefficients"])
+    b1, b2 = group["adamw_betas"]
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise bad("adamw_betas", "must both be in [0, 1)")
+    if not group["adamw_eps"] >= 0:
+        raise bad("adamw_eps", "must be >= 0")
+
+
+MUON_DEFAULTS: dict[str, Any] = dict(
+    lr=0.02,
+    weight_decay=0.0,
+    momentum=0.95,
+    nesterov=True,
+    ns_steps=5,
+    eps=1e-7,
+    momentum_form="ema",
+    ns_coefficients="keller",
+    eps_form="add",
+    ns_dtype=torch.bfloat16,
+    adjust_lr_fn="original",
+    use_muon=True,
+    adamw_lr=3e-4,
+    adamw_betas=(0.9, 0.95),
+    adamw_eps=1e-8,
+    adamw_weight_decay=0.0,
+)
+
+
+FLOAT32_STATE = ("momentum_buffer", "exp_avg", "exp_avg_sq")
+
+
+def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    """Undoes ``Optimizer.load_state_dict``'s cast of floating state to the parameter dtype.
+
+    torch.optim assumes state has the parameter's dtype; Muon's state is float32, and
+    casting a bf16 parameter's momentum to bf16 and back would lose bits on resume.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+    for param_id, p in zip(saved_ids, params, strict=True):
+        for key, value in state_dict["state"].get(param_id, {}).items():
+            if key in FLOAT32_STATE:
+                optimizer.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for hidden matrices and AdamW for the rest, on one device.
+
+    Groups with ``use_muon=True`` (the default) take 2-D or 3-D parameters; groups with
+    ``use_muon=False`` run AdamW with ``adamw_lr``, ``adamw_betas``, ``adamw_eps`` and
+    ``adamw_weight_decay``. Every other keyword is a convention described in the module
+    docstring; keyword names follow ``torch.optim.Muon``.
+    """
+
+    def __init__(self, params: Iterable[Any], **settings: Any) -> None:
+        unknown = set(settings) - set(MUON_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(MUON_DEFAULTS)}")
+        super().__init__(params, {**MUON_DEFAULTS, **settings})
+        for group in self.param_groups:
+            validate_settings(group)
+            if group["use_muon"]:
+                for i, p in enumerate(group["params"]):
+                    if p.ndim not in (2, 3):
+                        raise ValueError(
+                            f"parameter {i} of a Muon group has shape {tuple(p.shape)}: Muon takes "
+                            "2-D matrices or 3-D stacks of matrices; put it in a group with use_muon=False"
+                        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        restore_float32_state(self, state_dict)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if group["use_muon"]:
+                    self._muon_step(p, p.grad, state, group)
+                else:
+                    self._adamw_step(p, p.grad, state, group)
+        return loss
+
+    @staticmethod
+    def _muon_step(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        update = momentum_update(
+            state["momentum_buffer"], grad, group["momentum"], group["nesterov"], group["momentum_form"]
+        )
+        ortho = orthogonalize(
+            update,
+            group["ns_steps"],
+            ns_coefficients=group["ns_coefficients"],
+            eps=group["eps"],
+            eps_form=group["eps_form"],
+            dtype=group["ns_dtype"],
+        )
+        scaled = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])
+        apply_update(p, ortho, group["lr"], group["weight_decay"], scaled)
+
+    @staticmethod
+    def _adamw_step(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        if "step" not in state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        state["step"] += 1
+        adamw_update(
+            p,
+            grad,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            cast(int, state["step"]),
+            lr=group["adamw_lr"],
+            betas=group["adamw_betas"],
+            eps=group["adamw_eps"],
+            weight_decay=group["adamw_weight_decay"],
+        )
