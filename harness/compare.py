@@ -110,8 +110,10 @@ def compare(
             gate, tensor, step, rank, tier.name, tier.kind, tuple(e.shape), str(e.dtype).removeprefix("torch."),
             0, True, 0.0, 0.0, 0, 0.0, None, None, None, True, True, "empty shard",
         )
+    int_dtype = _INT_VIEW[e.dtype]
+    # Raw bits decide: -0.0 and +0.0 are distinct here though 0 ULP apart.
+    differs = e.contiguous().view(int_dtype) != a.contiguous().view(int_dtype)
     eb, ab = ordered_bits(e), ordered_bits(a)
-    differs = eb != ab
     mismatches = int(differs.sum())
     bitwise = mismatches == 0
     ulp = (eb - ab).abs().to(torch.float64)

@@ -1,0 +1,1 @@
+"""The claims: pytest tests marked ``gate``, their negative controls and edge cases."""

@@ -1,0 +1,169 @@
+"""The muongate pytest plugin: ``--nproc``, the ``gate`` marker, the rank pool, the report.
+
+Loaded by the root ``conftest.py`` and exposed as the ``muongate`` ``pytest11`` entry point,
+so another project's suite can use it with ``-p harness.plugin`` after ``pip install``.
+Heavy imports (torch, rich) wait until they are needed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Profiles are registered at import, before hypothesis's own plugin reads
+# --hypothesis-profile; "ci" is the default unless that option or the variable says otherwise.
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True)
+settings.register_profile("ci", max_examples=150, derandomize=True, **_COMMON)
+settings.register_profile("dev", max_examples=20, **_COMMON)
+settings.register_profile("thorough", max_examples=2000, **_COMMON)
+settings.load_profile(os.environ.get("MUONGATE_HYPOTHESIS_PROFILE", "ci"))
+
+DEFAULT_REPORT_DIR = "gate-report"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("muongate", "muongate: distributed optimizer equivalence gates")
+    group.addoption(
+        "--nproc",
+        type=int,
+        default=None,
+        help="number of rank processes in the pool (default: 2). Cases draw world sizes from 1 to this.",
+    )
+    group.addoption(
+        "--gate-device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where ranks run: cpu (gloo), cuda (NCCL, one GPU per rank), or auto: cuda when "
+        "at least --nproc GPUs are visible, else cpu (default: auto).",
+    )
+    group.addoption(
+        "--case-timeout",
+        type=float,
+        default=120.0,
+        help="wall-clock seconds one distributed case may take before its ranks are dumped and killed (default: 120).",
+    )
+    group.addoption(
+        "--gate-report",
+        default=DEFAULT_REPORT_DIR,
+        metavar="DIR",
+        help=f"directory for results.jsonl, equivalence.html and equivalence.md (default: {DEFAULT_REPORT_DIR}).",
+    )
+
+
+def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
+    import torch
+
+    wanted = config.getoption("gate_device")
+    gpus = torch.cuda.device_count() if wanted != "cpu" else 0
+    if wanted == "cuda" and gpus < nproc:
+        raise pytest.UsageError(
+            f"--gate-device cuda needs one GPU per rank: --nproc {nproc} but {gpus} GPU(s) are visible; "
+            f"try --nproc {max(gpus, 1)} or --gate-device cpu"
+        )
+    if wanted == "cuda" or (wanted == "auto" and gpus >= nproc):
+        return "nccl", [f"cuda:{i}" for i in range(nproc)]
+    return "gloo", ["cpu"] * nproc
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gate: a distributed equivalence claim run on the rank pool")
+    nproc = config.getoption("nproc")
+    nproc = 2 if nproc is None else nproc
+    if nproc < 1:
+        raise pytest.UsageError(f"--nproc {nproc}: the pool needs at least one rank; try --nproc 2")
+    config.stash[_NPROC] = nproc
+    os.environ["MUONGATE_NPROC"] = str(nproc)
+
+
+_NPROC = pytest.StashKey[int]()
+_RUNNER = pytest.StashKey[Any]()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    import hypothesis
+    import torch
+
+    backend, devices = _resolve_device(config, config.stash[_NPROC])
+    return (
+        f"muongate: torch {torch.__version__}, backend {backend} on {devices[0].split(':')[0]}, "
+        f"nproc {config.stash[_NPROC]}, hypothesis {hypothesis.__version__} profile {settings._current_profile}"
+    )
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@pytest.fixture(scope="session")
+def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The session's ``GateRunner``: a rank pool plus the results stream."""
+    import torch
+
+    from harness.pool import RankPool
+    from harness.runner import GateRunner
+    from reports.stream import ResultStream
+
+    config = request.config
+    nproc = config.stash[_NPROC]
+    backend, devices = _resolve_device(config, nproc)
+    directory = config.getoption("gate_report")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    name = f"results-{worker}.jsonl" if worker else "results.jsonl"
+    stream = ResultStream(os.path.join(directory, name))
+    stream.write(
+        {
+            "kind": "header",
+            "torch": torch.__version__,
+            "backend": backend,
+            "device": devices[0].split(":")[0],
+            "nproc": nproc,
+            "hypothesis_profile": settings._current_profile,
+            "git_commit": _git_commit(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+        sync=True,
+    )
+    pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=config.getoption("case_timeout"))
+    runner = GateRunner(pool, stream)
+    config.stash[_RUNNER] = runner
+    try:
+        yield runner
+    finally:
+        pool.shutdown()
+        stream.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    runner = item.config.stash.get(_RUNNER, None)
+    if runner is not None:
+        runner.nodeid = item.nodeid
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    runner = config.stash.get(_RUNNER, None)
+    if runner is None:
+        return
+    from rich.console import Console
+
+    from reports.stream import read_stream
+    from reports.summary import render, summarize, write_files
+
+    path = runner.stream.path
+    summary = summarize(read_stream(path))
+    if not summary.gates:
+        return
+    console = Console(file=terminalreporter._tw._file, width=max(140, terminalreporter._tw.fullwidth), no_color="CI" in os.environ)
+    console.print(render(summary))
+    write_files(summary, str(path.parent))
+    terminalreporter.write_line(f"muongate report: {path.parent}/equivalence.html, equivalence.md, {path.name}")

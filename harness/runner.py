@@ -1,0 +1,88 @@
+"""What a gate calls: run a case on the pool, stream every record, return or raise the verdict."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from harness.cases import Case
+from harness.pool import CaseOutcome, RankPool
+from harness.tasks import run_optimizer_case, run_orthogonalize_case
+from reports.stream import ResultStream
+
+
+class GateFailure(AssertionError):
+    """A case that did not reproduce the reference (or a rank that failed while trying)."""
+
+
+@dataclass
+class GateRunner:
+    """Runs cases for gates; one per pytest session (see ``harness.plugin``)."""
+
+    pool: RankPool
+    stream: ResultStream
+    nodeid: str = ""
+
+    TASKS = {"optimizer": run_optimizer_case, "orthogonalize": run_orthogonalize_case}
+
+    def outcome(
+        self, gate: str, case: Case, *, record: bool = True, task: str = "optimizer"
+    ) -> tuple[CaseOutcome, list[dict[str, Any]]]:
+        """Runs the case and (with ``record``) streams its records; returns the outcome and records."""
+        if case.world_size > self.pool.nproc:
+            raise ValueError(f"{case.describe()} needs {case.world_size} ranks; the pool has --nproc {self.pool.nproc}")
+        outcome = self.pool.run(self.TASKS[task], (gate, case), world_size=case.world_size)
+        records = [r for per_rank in outcome.results if per_rank for r in per_rank]
+        for r in records if record else ():
+            self.stream.write({"kind": "comparison", **r})
+        return outcome, records
+
+    def check(self, gate: str, case: Case, *, task: str = "optimizer") -> list[dict[str, Any]]:
+        """Runs the case; raises ``GateFailure`` with the failing figures unless every comparison passed."""
+        outcome, records = self.outcome(gate, case, task=task)
+        message = verdict_message(case, outcome, records)
+        self.stream.write(
+            {
+                "kind": "case",
+                "gate": gate,
+                "case": case.describe(),
+                "passed": message is None,
+                "message": message or "",
+                "seconds": outcome.seconds,
+                "reproduce": reproduce_command(self.nodeid),
+            },
+            sync=True,
+        )
+        if message is not None:
+            raise GateFailure(f"{message}\n{case.describe()}")
+        return records
+
+
+def verdict_message(case: Case, outcome: CaseOutcome, records: list[dict[str, Any]]) -> str | None:
+    """``None`` when the case passed; otherwise what went wrong, worst comparison first."""
+    if outcome.failure is not None:
+        return outcome.failure.describe()
+    if not records:
+        return "the case compared nothing"
+    if all(r["all_zero"] or r["numel"] == 0 for r in records):
+        return "every comparison was of all-zero or empty tensors: the case compares nothing"
+    bad = [r for r in records if not r["passed"]]
+    if not bad:
+        return None
+    bad.sort(key=lambda r: (-r["max_ulp"], r["step"], r["tensor"]))
+    lines = [f"{len(bad)} of {len(records)} comparisons failed; worst first:"]
+    for r in bad[:8]:
+        lines.append(
+            f"  {r['tensor']} step {r['step']} rank {r['rank']} [{r['tier']}]: max|diff| {r['max_abs_diff']:.3g}, "
+            f"max ULP {r['max_ulp']:g}, {r['mismatches']}/{r['numel']} differ, worst at {r['worst_index']}: "
+            f"expected {r['expected_at_worst']!r} got {r['actual_at_worst']!r}"
+        )
+    return "\n".join(lines)
+
+
+def reproduce_command(nodeid: str) -> str:
+    if not nodeid:
+        return ""
+    nproc = os.environ.get("MUONGATE_NPROC", "2")
+    return f"pytest '{nodeid}' --nproc {nproc} -p no:randomly"

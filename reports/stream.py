@@ -1,0 +1,42 @@
+"""The results stream: one JSON object per line, appended and flushed as each result
+arrives, so a run that crashes or is killed keeps every finished record.
+
+Record kinds: ``header`` (once per run), ``comparison`` (one tensor, one step, one rank),
+``case`` (one case's outcome: passed, failed, or the rank that errored, hung or died).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class ResultStream:
+    """Appends records to ``path`` (JSON Lines), flushing and fsyncing after every case."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any], *, sync: bool = False) -> None:
+        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.flush()
+        if sync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_stream(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Every complete record of a stream; a line cut short by a crash is skipped."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

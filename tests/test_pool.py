@@ -1,0 +1,69 @@
+"""Claims about the rank pool: real process groups, reused across cases, and a rank that
+raises, hangs or dies is reported with its rank, exit code and stack while the pool
+recovers for the next case."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harness import selftest_tasks as tasks
+from harness.pool import RankPool
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RankPool(2, case_timeout_s=30, pg_timeout_s=10) as p:
+        yield p
+
+
+def test_ranks_share_a_real_process_group(pool):
+    outcome = pool.run(tasks.sum_of_ranks)
+    assert outcome.ok and outcome.results == [1.0, 1.0]
+
+
+def test_back_to_back_cases_reuse_the_same_processes(pool):
+    first = pool.run(tasks.pid)
+    second = pool.run(tasks.pid)
+    assert first.ok and first.results == second.results
+
+
+def test_smaller_world_runs_on_the_first_ranks_only(pool):
+    outcome = pool.run(tasks.sum_of_ranks, world_size=1)
+    assert outcome.ok and outcome.results == [0.0, None]
+    assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
+
+
+def test_rank_that_raises_is_reported_and_peers_are_not_left_waiting(pool):
+    start = time.monotonic()
+    outcome = pool.run(tasks.raise_on_rank, 1)
+    assert outcome.failure is not None and outcome.failure.kind == "error" and outcome.failure.rank == 1
+    assert "planted failure on rank 1" in outcome.failure.message
+    assert "all_reduce" in outcome.failure.stacks[0], "rank 0's stack shows where it waited"
+    assert time.monotonic() - start < 10
+    assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
+
+
+def test_hanging_rank_is_detected_within_the_deadline_and_the_next_case_passes(pool):
+    spawns = pool.spawns
+    start = time.monotonic()
+    outcome = pool.run(tasks.hang_on_rank, 1, timeout_s=2)
+    assert outcome.failure is not None and outcome.failure.kind == "hang" and outcome.failure.rank == 1
+    assert "hang_on_rank" in outcome.failure.stacks[1]
+    assert time.monotonic() - start < 6
+    assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
+    assert pool.spawns == spawns + 1
+
+
+def test_rank_killed_by_a_signal_is_reported_with_its_exit_code(pool):
+    outcome = pool.run(tasks.die_on_rank, 0)
+    assert outcome.failure is not None and outcome.failure.kind == "died" and outcome.failure.rank == 0
+    assert outcome.failure.exitcode == -6 and "SIGABRT" in outcome.failure.describe()
+    assert "die_on_rank" in outcome.failure.message
+    assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
+
+
+def test_world_size_outside_the_pool_is_a_clear_error(pool):
+    with pytest.raises(ValueError, match="world_size=3 must be between 1 and the pool's nproc=2"):
+        pool.run(tasks.sum_of_ranks, world_size=3)

@@ -1,0 +1,143 @@
+"""Claims about ``reference.Muon``: it is torch.optim.Muon where their conventions agree,
+its Newton–Schulz lands singular values in the quintic's known band, and it rejects
+bad arguments by name.
+
+The one known difference from torch.optim.Muon is precision on bf16 parameters: torch
+keeps the momentum in bf16 and rounds the parameter twice (after weight decay and after
+the update); the reference keeps float32 state and rounds once, because bf16
+``add(alpha=…)`` on the CPU rounds differently in a loop's vector body and its scalar
+tail, which would make a shard's bits depend on the shard's length. The bf16 test
+proves that this is the *only* difference by replaying torch's bf16 arithmetic with the
+reference's own Newton–Schulz and getting torch's bits exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference import Muon, orthogonalize
+from reference.muon import lr_scale
+
+TORCH_CONVENTIONS = dict(
+    momentum_form="ema", eps_form="clamp", ns_coefficients="keller", ns_dtype=torch.bfloat16, adjust_lr_fn="original"
+)
+SHAPES = [(16, 16), (33, 7), (7, 33), (1, 64), (64, 1)]
+
+
+def _run(opt_cls, p0, grads, **kw):
+    p = p0.clone().requires_grad_()
+    opt = opt_cls([p], **kw)
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    return p.detach(), opt
+
+
+def _inputs(shape, dtype, steps=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    p0 = torch.randn(shape, generator=gen).to(dtype)
+    return p0, [torch.randn(shape, generator=gen).to(dtype) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust_lr_fn", ["original", "match_rms_adamw"])
+def test_reference_matches_torch_optim_muon_bitwise_on_fp32(shape, nesterov, adjust_lr_fn):
+    p0, grads = _inputs(shape, torch.float32)
+    kw = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov)
+    ours, _ = _run(Muon, p0, grads, **{**kw, **TORCH_CONVENTIONS, "adjust_lr_fn": adjust_lr_fn})
+    theirs, _ = _run(torch.optim.Muon, p0, grads, **kw, adjust_lr_fn=adjust_lr_fn)
+    assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
+
+
+def _torch_bf16_arithmetic(p0, grads, lr, wd, mu, nesterov):
+    """torch.optim.Muon's bf16 parameter arithmetic, with the reference's Newton–Schulz."""
+    p, buf = p0.clone(), torch.zeros_like(p0)
+    for g in grads:
+        buf.lerp_(g, 1 - mu)
+        update = g.lerp(buf, mu) if nesterov else buf
+        o = orthogonalize(update, 5, eps_form="clamp", dtype=torch.bfloat16)
+        p.mul_(1 - lr * wd)
+        p.add_(o, alpha=-lr * lr_scale(p.shape, "original"))
+    return p
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_reference_differs_from_torch_optim_muon_on_bf16_only_by_its_float32_state(shape):
+    p0, grads = _inputs(shape, torch.bfloat16)
+    theirs, _ = _run(torch.optim.Muon, p0, grads, lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=True)
+    replayed = _torch_bf16_arithmetic(p0, grads, 0.02, 0.1, 0.9, True)
+    assert torch.equal(theirs.view(torch.int16), replayed.view(torch.int16))
+    ours, _ = _run(Muon, p0, grads, lr=0.02, weight_decay=0.1, momentum=0.9, **TORCH_CONVENTIONS)
+    # Rounding once instead of twice, from float32 momentum: a few bf16 ULPs after 3 steps.
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=0, atol=4 * 2.0**-7 * float(p0.abs().max()))
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (128, 32), (32, 128), (100, 37)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quintic_singular_values_lie_in_its_known_band_against_float64_svd(shape, dtype):
+    # The band holds for directions that are not negligible: five quintic steps lift a
+    # normalized singular value by at most about 3.4445^5 ≈ 480, so a random square
+    # matrix's near-zero smallest singular value stays small. Build G from chosen
+    # singular values spread log-uniformly over [0.05, 1].
+    gen = torch.Generator().manual_seed(1)
+    k = min(shape)
+    U, _ = torch.linalg.qr(torch.randn(shape[0], k, generator=gen, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(shape[1], k, generator=gen, dtype=torch.float64))
+    s = torch.logspace(-1.3, 0, k, dtype=torch.float64)
+    G = U @ torch.diag(s) @ V.T
+    O = orthogonalize(G, 5, dtype=dtype).double()
+    sv = torch.linalg.svdvals(O)
+    assert 0.65 <= float(sv.min()) and float(sv.max()) <= 1.25, (float(sv.min()), float(sv.max()))
+    # Same singular vectors as the exact polar factor U Vᵀ: O ≈ U diag(s') Vᵀ.
+    core = U.T @ O @ V
+    off_diag = core - torch.diag(torch.diagonal(core))
+    assert float(off_diag.abs().max()) < 0.05
+
+
+def test_three_d_tensor_is_each_expert_orthogonalized_on_its_own():
+    G = torch.randn(3, 9, 5, generator=torch.Generator().manual_seed(2))
+    batched = orthogonalize(G, 5)
+    one_by_one = torch.stack([orthogonalize(m, 5) for m in G])
+    assert torch.equal(batched.view(torch.int16), one_by_one.view(torch.int16))
+
+
+def test_parameter_without_gradient_is_skipped_entirely():
+    a = torch.nn.Parameter(torch.ones(4, 4))
+    b = torch.nn.Parameter(torch.ones(4, 4))
+    opt = Muon([a, b], weight_decay=0.5)
+    a.grad = torch.randn(4, 4)
+    opt.step()
+    assert torch.equal(b, torch.ones(4, 4)) and b not in opt.state
+
+
+def test_adamw_group_matches_torch_adamw_bitwise():
+    p0, grads = _inputs((5, 3), torch.float32)
+    ours, _ = _run(Muon, p0, grads, use_muon=False, adamw_lr=1e-2, adamw_betas=(0.9, 0.99), adamw_eps=1e-8, adamw_weight_decay=0.1)
+    theirs, _ = _run(torch.optim.AdamW, p0, grads, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=False)
+    assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "params", "message"),
+    [
+        ({"lr": -0.1}, [torch.zeros(3, 3)], "lr=-0.1 must be >= 0"),
+        ({"momentum": 1.0}, [torch.zeros(3, 3)], "momentum=1.0 must be in"),
+        ({"momentum": -0.5}, [torch.zeros(3, 3)], "momentum=-0.5 must be in"),
+        ({"weight_decay": -1.0}, [torch.zeros(3, 3)], "weight_decay=-1.0 must be >= 0"),
+        ({}, [torch.zeros(3)], r"shape \(3,\): Muon takes 2-D"),
+        ({"momentum_form": "heavy"}, [torch.zeros(3, 3)], "momentum_form='heavy' is not one of"),
+        ({"eps_form": "max"}, [torch.zeros(3, 3)], "eps_form='max' is not one of"),
+        ({"adjust_lr_fn": "spectral"}, [torch.zeros(3, 3)], "adjust_lr_fn='spectral' is not one of"),
+        ({"ns_coefficients": "cubic"}, [torch.zeros(3, 3)], "ns_coefficients='cubic' is not"),
+        ({"ns_dtype": torch.float16}, [torch.zeros(3, 3)], "ns_dtype=torch.float16 must be"),
+        ({"ns_steps": -1}, [torch.zeros(3, 3)], "ns_steps=-1 must be"),
+        ({"eps": 0.0}, [torch.zeros(3, 3)], "eps=0.0 must be > 0"),
+        ({"adamw_betas": (0.9, 1.0)}, [torch.zeros(3, 3)], "adamw_betas=.* must both be in"),
+        ({"nesterov_mode": True}, [torch.zeros(3, 3)], "unknown setting"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_the_value(kwargs, params, message):
+    with pytest.raises(ValueError, match=message):
+        Muon([torch.nn.Parameter(p) for p in params], **kwargs)
