@@ -171,7 +171,9 @@ class ShardedMuon(torch.optim.Optimizer):
             )
 
 
-def _local(t: Tensor) -> Tensor:
+def _local(t: Tensor | None) -> Tensor:
+    if t is None:
+        raise RuntimeError("a parameter without a gradient reached the update; step() filters them")
     return t.to_local() if isinstance(t, DTensor) else t
 
 

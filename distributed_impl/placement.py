@@ -44,9 +44,7 @@ def check_layout(name: str, p: Tensor, *, matrix: bool) -> None:
         raise TypeError(f"{describe(name, p)}: expected a DTensor from fully_shard or distribute_tensor")
     mesh = p.device_mesh
     placements = tuple(p.placements)
-    ok = (mesh.ndim == 1 and placements == (Shard(0),)) or (
-        mesh.ndim == 2 and placements == (Replicate(), Shard(0))
-    )
+    ok = (mesh.ndim == 1 and placements == (Shard(0),)) or (mesh.ndim == 2 and placements == (Replicate(), Shard(0)))
     if not ok:
         raise ValueError(
             f"{describe(name, p)}: supported layouts are (Shard(0),) on a 1-D mesh and "
@@ -182,7 +180,9 @@ class OwnerExchange:
         received = _all_to_all(send, send_splits, recv_splits, dtype, device, group)
         pieces = list(received.split(recv_splits))
         results: dict[int, Tensor] = {}
-        per_source = [list(piece.split([rows_of[it.index][s] * it.cols for it in mine])) for s, piece in enumerate(pieces)]
+        per_source = [
+            list(piece.split([rows_of[it.index][s] * it.cols for it in mine])) for s, piece in enumerate(pieces)
+        ]
         for k, it in enumerate(mine):
             full = torch.cat([per_source[s][k].view(-1, it.cols) for s in range(shards)], dim=0)
             result = fn(full)

@@ -97,5 +97,12 @@ class DecayAfterUpdateMuon(_AllRanks):
 
 NEGATIVE_CONTROLS = {
     cls.__name__: f"{__name__}:{cls.__name__}"
-    for cls in (PartialNormMuon, LocalRowsMuon, PaddedGatherMuon, LocalShapeLrMuon, WrongNesterovMuon, DecayAfterUpdateMuon)
+    for cls in (
+        PartialNormMuon,
+        LocalRowsMuon,
+        PaddedGatherMuon,
+        LocalShapeLrMuon,
+        WrongNesterovMuon,
+        DecayAfterUpdateMuon,
+    )
 }

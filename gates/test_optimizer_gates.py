@@ -39,7 +39,9 @@ def test_one_sharded_step_matches_reference_bitwise(gate_runner: Any, case: Case
 
 
 @given(case=cases(max_world=NPROC, max_steps=5, max_params=2, adamw=False))
-def test_several_steps_with_momentum_nesterov_and_weight_decay_match_reference_bitwise(gate_runner: Any, case: Case) -> None:
+def test_several_steps_with_momentum_nesterov_and_weight_decay_match_reference_bitwise(
+    gate_runner: Any, case: Case
+) -> None:
     gate_runner.check("several_steps", case)
 
 
@@ -90,7 +92,12 @@ EDGE_CASES = [
     _edge(
         "polar-express-7-steps-fp32",
         ParamSpec("w", (12, 20)),
-        settings=(("ns_coefficients", "polar_express"), ("ns_steps", 7), ("ns_dtype", "float32"), ("adjust_lr_fn", "match_rms_adamw")),
+        settings=(
+            ("ns_coefficients", "polar_express"),
+            ("ns_steps", 7),
+            ("ns_dtype", "float32"),
+            ("adjust_lr_fn", "match_rms_adamw"),
+        ),
     ),
 ]
 

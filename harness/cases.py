@@ -81,7 +81,9 @@ def _check_bounds(name_lo: str, lo: int, name_hi: str, hi: int) -> None:
 
 
 @st.composite
-def matrix_shapes(draw: st.DrawFn, *, min_side: int = 1, max_side: int = 48, world_size: int = 2, experts: bool = False) -> tuple[int, ...]:
+def matrix_shapes(
+    draw: st.DrawFn, *, min_side: int = 1, max_side: int = 48, world_size: int = 2, experts: bool = False
+) -> tuple[int, ...]:
     """2-D shapes (square, tall, wide, 1 row, fewer rows than ranks, rows not divisible by
     the world size, prime sides) and, with ``experts``, 3-D ``[E, rows, cols]`` stacks.
 
@@ -156,7 +158,9 @@ def cases(
         if use_muon:
             shape = draw(matrix_shapes(max_side=max_side, world_size=shards, experts=experts))
         else:
-            shape = draw(st.one_of(st.tuples(st.integers(1, max_side)), matrix_shapes(max_side=max_side, world_size=shards)))
+            shape = draw(
+                st.one_of(st.tuples(st.integers(1, max_side)), matrix_shapes(max_side=max_side, world_size=shards))
+            )
         params.append(
             ParamSpec(
                 name=f"w{i}",

@@ -33,7 +33,12 @@ class Tier:
 
 BITWISE = Tier("bitwise", "bitwise", "same math, same kernel, same device: the bits must match")
 
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
+_INT_VIEW = {
+    torch.float32: torch.int32,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+    torch.float64: torch.int64,
+}
 
 
 @dataclass(frozen=True)
@@ -107,8 +112,26 @@ def compare(
     numel = e.numel()
     if numel == 0:
         return Comparison(
-            gate, tensor, step, rank, tier.name, tier.kind, tuple(e.shape), str(e.dtype).removeprefix("torch."),
-            0, True, 0.0, 0.0, 0, 0.0, None, None, None, True, True, "empty shard",
+            gate,
+            tensor,
+            step,
+            rank,
+            tier.name,
+            tier.kind,
+            tuple(e.shape),
+            str(e.dtype).removeprefix("torch."),
+            0,
+            True,
+            0.0,
+            0.0,
+            0,
+            0.0,
+            None,
+            None,
+            None,
+            True,
+            True,
+            "empty shard",
         )
     int_dtype = _INT_VIEW[e.dtype]
     # Raw bits decide: -0.0 and +0.0 are distinct here though 0 ULP apart.
@@ -123,7 +146,9 @@ def compare(
     diff[~differs] = 0.0
     diff[nan_mismatch] = float("inf")
     worst = int(torch.argmax(torch.where(differs, ulp, torch.full_like(ulp, -1.0))).item()) if mismatches else None
-    worst_index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), e.shape)) if worst is not None else None
+    worst_index = (
+        tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), e.shape)) if worst is not None else None
+    )
     flat_e, flat_a = e.reshape(-1), a.reshape(-1)
     all_zero = bool((flat_e == 0).all() and (flat_a == 0).all())
     max_abs = float(diff.max())

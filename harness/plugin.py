@@ -18,10 +18,14 @@ from hypothesis import HealthCheck, settings
 
 # Profiles are registered at import, before hypothesis's own plugin reads
 # --hypothesis-profile; "ci" is the default unless that option or the variable says otherwise.
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True)
-settings.register_profile("ci", max_examples=150, derandomize=True, **_COMMON)
-settings.register_profile("dev", max_examples=20, **_COMMON)
-settings.register_profile("thorough", max_examples=2000, **_COMMON)
+# Distributed cases take milliseconds to seconds, so hypothesis's per-example deadline is off;
+# the pool's own deadline bounds each case. "ci" is derandomized so CI runs are repeatable.
+_BASE = settings(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True
+)
+settings.register_profile("ci", _BASE, max_examples=200, derandomize=True)
+settings.register_profile("dev", _BASE, max_examples=20)
+settings.register_profile("thorough", _BASE, max_examples=2000)
 settings.load_profile(os.environ.get("MUONGATE_HYPOTHESIS_PROFILE", "ci"))
 
 DEFAULT_REPORT_DIR = "gate-report"
@@ -163,7 +167,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     summary = summarize(read_stream(path))
     if not summary.gates:
         return
-    console = Console(file=terminalreporter._tw._file, width=max(140, terminalreporter._tw.fullwidth), no_color="CI" in os.environ)
+    console = Console(
+        file=terminalreporter._tw._file, width=max(140, terminalreporter._tw.fullwidth), no_color="CI" in os.environ
+    )
     console.print(render(summary))
     write_files(summary, str(path.parent))
     terminalreporter.write_line(f"muongate report: {path.parent}/equivalence.html, equivalence.md, {path.name}")

@@ -144,7 +144,7 @@ def _worker_main(
                 group_key = job.group_key
             ctx = RankContext(rank, job.world_size, device, backend, job.case_id)
             conn.send(("ok", job.fn(ctx, job.payload)))
-        except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+        except BaseException:
             conn.send(("error", traceback.format_exc()))
 
 
@@ -198,7 +198,15 @@ class RankPool:
             parent_end, child_end = self._ctx.Pipe()
             proc = self._ctx.Process(
                 target=_worker_main,
-                args=(rank, "127.0.0.1", self._store.port, self.backend, self.devices[rank], child_end, self._logs[rank]),
+                args=(
+                    rank,
+                    "127.0.0.1",
+                    self._store.port,
+                    self.backend,
+                    self.devices[rank],
+                    child_end,
+                    self._logs[rank],
+                ),
                 daemon=True,
                 name=f"muongate-rank{rank}",
             )
@@ -322,9 +330,7 @@ class RankPool:
         if earlier is not None:
             return RankFailure(earlier.kind, earlier.rank, earlier.message, earlier.exitcode, stacks)
         rank = min(pending)
-        return RankFailure(
-            "hang", rank, f"ranks {sorted(pending)} did not finish before the deadline", stacks=stacks
-        )
+        return RankFailure("hang", rank, f"ranks {sorted(pending)} did not finish before the deadline", stacks=stacks)
 
     def _dump_stack(self, rank: int, offset: int) -> str:
         proc = self._procs[rank]

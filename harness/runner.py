@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from harness.cases import Case
-from harness.pool import CaseOutcome, RankPool
+from harness.pool import CaseOutcome, RankContext, RankPool
 from harness.tasks import run_optimizer_case, run_orthogonalize_case
 from reports.stream import ResultStream
 
@@ -24,7 +25,10 @@ class GateRunner:
     stream: ResultStream
     nodeid: str = ""
 
-    TASKS = {"optimizer": run_optimizer_case, "orthogonalize": run_orthogonalize_case}
+    TASKS: ClassVar[dict[str, Callable[[RankContext, Any], Any]]] = {
+        "optimizer": run_optimizer_case,
+        "orthogonalize": run_orthogonalize_case,
+    }
 
     def outcome(
         self, gate: str, case: Case, *, record: bool = True, task: str = "optimizer"

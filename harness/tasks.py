@@ -16,7 +16,7 @@ import importlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -64,13 +64,15 @@ class _Holder(nn.Module):
             self.register_parameter(name, nn.Parameter(t.clone()))
 
 
-def param_groups(case: Case, params: list[Tensor], names: list[str]) -> list[dict[str, Any]]:
+def param_groups(case: Case, params: Sequence[Tensor], names: Sequence[str]) -> list[dict[str, Any]]:
     muon = [i for i, s in enumerate(case.params) if s.use_muon]
     other = [i for i, s in enumerate(case.params) if not s.use_muon]
     groups = []
     for use_muon, idx in ((True, muon), (False, other)):
         if idx:
-            groups.append({"params": [params[i] for i in idx], "param_names": [names[i] for i in idx], "use_muon": use_muon})
+            groups.append(
+                {"params": [params[i] for i in idx], "param_names": [names[i] for i in idx], "use_muon": use_muon}
+            )
     return groups
 
 
@@ -110,7 +112,13 @@ def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict
     mesh = _mesh(case, device)
     ref = _reference(case, tensors)
     ref_params = [p for g in ref.param_groups for p in g["params"]]
-    ref_by_name = dict(zip([s.name for s in case.params if s.use_muon] + [s.name for s in case.params if not s.use_muon], ref_params, strict=True))
+    ref_by_name = dict(
+        zip(
+            [s.name for s in case.params if s.use_muon] + [s.name for s in case.params if not s.use_muon],
+            ref_params,
+            strict=True,
+        )
+    )
     model = _model(case, tensors, mesh)
     opt = _candidate(case, model, factory)
     records: list[Comparison] = []
@@ -174,7 +182,7 @@ def _round_trip(
     zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=ctx.device) for s in case.params]
     fresh = _model(case, zeros, mesh)
     fresh_opt = _candidate(case, fresh, factory)
-    state = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
+    state: dict[str, Any] = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
     # A parameter that never had a gradient has no optimizer state in the checkpoint, while
     # DCP's state-dict API initializes state for every parameter of the fresh optimizer.
     dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
@@ -201,7 +209,9 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
 
     mesh = _mesh(case, device)
     fulls = [initial_param(s, case.seed, i).to(device).to(settings["ns_dtype"]) for i, s in enumerate(case.params)]
-    shards = [distribute_tensor(f, mesh, [*[Replicate()] * (mesh.ndim - 1), Shard(0)], src_data_rank=None) for f in fulls]
+    shards = [
+        distribute_tensor(f, mesh, [*[Replicate()] * (mesh.ndim - 1), Shard(0)], src_data_rank=None) for f in fulls
+    ]
     locals_ = [s.to_local() for s in shards]
     if case.mode == "owner_split":
         got = placement.OwnerExchange().run(locals_, shards, ns)
@@ -212,4 +222,3 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
         expected = distribute_tensor(ns(full), mesh, shard.placements, src_data_rank=None).to_local()
         records.append(compare(expected, mine, gate=gate, tensor=spec.name, rank=ctx.rank))
     return [r.to_record() for r in records]
-

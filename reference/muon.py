@@ -88,9 +88,7 @@ def coefficient_schedule(
     if isinstance(ns_coefficients, tuple) and len(ns_coefficients) == 3:
         a, b, c = (float(x) for x in ns_coefficients)
         return ((a, b, c),), 1.0
-    raise ValueError(
-        f"ns_coefficients={ns_coefficients!r} is not 'keller', 'polar_express' or a tuple (a, b, c)"
-    )
+    raise ValueError(f"ns_coefficients={ns_coefficients!r} is not 'keller', 'polar_express' or a tuple (a, b, c)")
 
 
 def _newton_schulz_2d(
@@ -157,9 +155,7 @@ def lr_scale(shape: Sequence[int], adjust_lr_fn: LrAdjust) -> float:
     return 1.0
 
 
-def momentum_update(
-    buf: Tensor, grad: Tensor, momentum: float, nesterov: bool, momentum_form: MomentumForm
-) -> Tensor:
+def momentum_update(buf: Tensor, grad: Tensor, momentum: float, nesterov: bool, momentum_form: MomentumForm) -> Tensor:
     """Advances the float32 momentum buffer in place and returns the float32 update.
 
     Purely elementwise, so a shard of ``buf`` and ``grad`` gives that shard of the result.

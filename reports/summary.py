@@ -82,7 +82,18 @@ def render(summary: RunSummary) -> Group:
         f"nproc {h.get('nproc', '?')}, hypothesis profile {h.get('hypothesis_profile', '?')}"
     )
     table = Table(title=title, title_justify="left")
-    for col in ("gate", "tiers", "cases", "failed", "comparisons", "bitwise", "tol. pass", "worst max|diff|", "worst ULP", "seconds"):
+    for col in (
+        "gate",
+        "tiers",
+        "cases",
+        "failed",
+        "comparisons",
+        "bitwise",
+        "tol. pass",
+        "worst max|diff|",
+        "worst ULP",
+        "seconds",
+    ):
         table.add_column(col, justify="left" if col in ("gate", "tiers") else "right")
     for g in sorted(summary.gates.values(), key=lambda g: g.gate):
         style = "red" if g.failed_cases else "green"
@@ -123,7 +134,11 @@ def to_markdown(summary: RunSummary) -> str:
         f"torch {h.get('torch', '?')}, {h.get('backend', '?')} on {h.get('device', '?')}, nproc {h.get('nproc', '?')}, "
         f"hypothesis profile {h.get('hypothesis_profile', '?')}, commit {h.get('git_commit', '?')}"
     )
-    lines += ["", "| gate | tiers | cases | failed | comparisons | bitwise | worst max\\|diff\\| | worst ULP |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| gate | tiers | cases | failed | comparisons | bitwise | worst max\\|diff\\| | worst ULP |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for g in sorted(summary.gates.values(), key=lambda g: g.gate):
         lines.append(
             f"| {g.gate} | {','.join(sorted(g.tiers))} | {g.cases} | {g.failed_cases} | {g.comparisons} | {g.bitwise} | "
@@ -132,7 +147,9 @@ def to_markdown(summary: RunSummary) -> str:
     if summary.negative_controls:
         lines += ["", "## Negative controls", "", "| control | caught | minimal case |", "|---|---|---|"]
         for c in summary.negative_controls:
-            lines.append(f"| {c['gate'].removeprefix('negative:')} | {'yes' if c['detected'] else '**NO**'} | `{c['case']}` |")
+            lines.append(
+                f"| {c['gate'].removeprefix('negative:')} | {'yes' if c['detected'] else '**NO**'} | `{c['case']}` |"
+            )
     for f in summary.failures[-20:]:
         lines += ["", f"**FAILED** `{f['gate']}`: `{f.get('case', '')}`", "", "```", f.get("message", "")[:2000], "```"]
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-GATE_FILE = '''
+GATE_FILE = """
 import pytest
 from harness import selftest_tasks as tasks
 
@@ -26,7 +26,7 @@ def test_pool_works_after_the_hang(gate_runner):
 
 def test_planted_failure(gate_runner):
     assert gate_runner.pool.run(tasks.sum_of_ranks).results == [0.0, 0.0]
-'''
+"""
 
 
 @pytest.fixture
@@ -39,7 +39,9 @@ def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
 
 def test_help_lists_the_muongate_options(suite: pytest.Pytester) -> None:
     result = suite.runpytest_subprocess("--help")
-    result.stdout.fnmatch_lines(["*muongate*", "*--nproc=NPROC*", "*--gate-device*", "*--case-timeout*", "*--gate-report=DIR*"])
+    result.stdout.fnmatch_lines(
+        ["*muongate*", "*--nproc=NPROC*", "*--gate-device*", "*--case-timeout*", "*--gate-report=DIR*"]
+    )
 
 
 def test_nproc_zero_is_a_usage_error_that_says_what_to_do(suite: pytest.Pytester) -> None:
