@@ -1,14 +1,16 @@
 """A persistent pool of rank processes that runs one distributed case at a time.
 
 Spawning a process group costs seconds; reusing one costs about a millisecond. The pool
-spawns ``nproc`` workers once, and each case reuses the process group of the case before
-it when the world size is the same and nothing went wrong. Any failure (a rank raised, hung
-or died) tears the whole pool down; the next case gets fresh processes and a fresh
-process group, so one bad case cannot leak into the next.
+spawns ``nproc`` workers once; they form one process group of ``nproc`` ranks and, once,
+a subgroup of ranks ``0 .. w-1`` for every smaller world size ``w``. A case of world size
+``w`` runs on that subgroup, so cases never create or destroy process groups (NCCL cannot
+destroy a communicator while a peer sits out, and creating one costs far more than a
+case). Any failure (a rank raised, hung or died) tears the whole pool down; the next case
+gets fresh processes and fresh process groups, so one bad case cannot leak into the next.
 
 Rendezvous never uses a fixed port: the parent owns a ``TCPStore`` bound to port 0, and
-every process group lives under its own store prefix. Several pools (pytest-xdist
-workers) therefore run side by side without colliding.
+each spawn of the pool uses its own store prefix. Several pools (pytest-xdist workers)
+therefore run side by side without colliding.
 
 Nothing hangs forever: each case has a wall-clock deadline in the parent, process groups
 get a short timeout, and a rank that hangs is asked for its Python stack (``faulthandler``
@@ -39,13 +41,18 @@ FailureKind = Literal["error", "hang", "died", "startup"]
 
 @dataclass(frozen=True)
 class RankContext:
-    """What a task running on one rank knows about where it runs."""
+    """What a task running on one rank knows about where it runs.
+
+    ``group`` is the case's process group (ranks ``0 .. world_size-1`` of the pool); tasks
+    pass it to every collective, never the default group, which also holds idle ranks.
+    """
 
     rank: int
     world_size: int
     device: str
     backend: str
     case_id: int
+    group: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -93,59 +100,62 @@ def _signal_name(exitcode: int) -> str:
 class _Job:
     case_id: int
     world_size: int
-    group_key: int
     fn: Callable[[RankContext, Any], Any]
     payload: Any
+
+
+@dataclass(frozen=True)
+class _WorkerSpec:
+    rank: int
+    nproc: int
+    host: str
+    port: int
+    prefix: str
+    backend: str
+    device: str
     pg_timeout_s: float
     env: Mapping[str, str]
+    log_path: str
 
 
-def _worker_main(
-    rank: int,
-    host: str,
-    port: int,
-    backend: str,
-    device: str,
-    conn: Connection,
-    log_path: str,
-) -> None:
-    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
+    log = open(spec.log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     # C++ messages (gloo's abort reasons, NCCL warnings) go to fd 2: keep them for the parent.
     os.dup2(log.fileno(), 2)
     sys.stderr = log
     faulthandler.enable(file=log, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+    os.environ.update(spec.env)
 
     import torch
     import torch.distributed as dist
 
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
-    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
-    group_key: int | None = None
+    if spec.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(spec.device))
+    store = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        spec.backend,
+        store=dist.PrefixStore(spec.prefix, store),
+        rank=spec.rank,
+        world_size=spec.nproc,
+        timeout=timedelta(seconds=spec.pg_timeout_s),
+    )
+    # Every rank must take part in creating every subgroup, so all are made up front.
+    groups: dict[int, Any] = {w: dist.new_group(list(range(w))) for w in range(1, spec.nproc)}
+    groups[spec.nproc] = dist.group.WORLD
     conn.send(("ready", os.getpid()))
     while True:
         job: _Job | None = conn.recv()
         if job is None:
             break
         try:
-            for key, value in job.env.items():
-                os.environ[key] = value
-            if job.group_key != group_key:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
-                dist.init_process_group(
-                    backend,
-                    store=dist.PrefixStore(f"group{job.group_key}", store),
-                    rank=rank,
-                    world_size=job.world_size,
-                    timeout=timedelta(seconds=job.pg_timeout_s),
-                )
-                group_key = job.group_key
-            ctx = RankContext(rank, job.world_size, device, backend, job.case_id)
+            ctx = RankContext(spec.rank, job.world_size, spec.device, spec.backend, job.case_id, groups[job.world_size])
             conn.send(("ok", job.fn(ctx, job.payload)))
-        except BaseException:
+        except BaseException:  # every failure goes back to the parent
             conn.send(("error", traceback.format_exc()))
+    log.flush()
+    # Skip interpreter teardown: destroying an NCCL communicator can wait for peers.
+    os._exit(0)
 
 
 class RankPool:
@@ -179,8 +189,7 @@ class RankPool:
         self._logdir = tempfile.mkdtemp(prefix="muongate-pool-")
         self._store: Any = None
         self._next_case = 0
-        self._group_key = 0
-        self._group_world: int | None = None
+        self._env: dict[str, str] = {}
 
     # -- life cycle -------------------------------------------------------------------
     @property
@@ -196,17 +205,21 @@ class RankPool:
         self._logs = [os.path.join(self._logdir, f"spawn{self.spawns}-rank{r}.log") for r in range(self.nproc)]
         for rank in range(self.nproc):
             parent_end, child_end = self._ctx.Pipe()
+            spec = _WorkerSpec(
+                rank=rank,
+                nproc=self.nproc,
+                host="127.0.0.1",
+                port=self._store.port,
+                prefix=f"spawn{self.spawns}",
+                backend=self.backend,
+                device=self.devices[rank],
+                pg_timeout_s=self.pg_timeout_s,
+                env=dict(self._env),
+                log_path=self._logs[rank],
+            )
             proc = self._ctx.Process(
                 target=_worker_main,
-                args=(
-                    rank,
-                    "127.0.0.1",
-                    self._store.port,
-                    self.backend,
-                    self.devices[rank],
-                    child_end,
-                    self._logs[rank],
-                ),
+                args=(spec, child_end),
                 daemon=True,
                 name=f"muongate-rank{rank}",
             )
@@ -225,7 +238,6 @@ class RankPool:
                 tail = self._log_tail(rank, 0)
                 self.shutdown()
                 raise RuntimeError(f"rank {rank} of the pool did not start: {tail or 'no output'}") from None
-        self._group_world = None
 
     def shutdown(self, *, kill: bool = False) -> None:
         """Stops the workers: politely, or (``kill``, after a failure) at once."""
@@ -242,7 +254,6 @@ class RankPool:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
-        self._group_world = None
 
     def __enter__(self) -> RankPool:
         return self
@@ -258,34 +269,32 @@ class RankPool:
         *,
         world_size: int | None = None,
         timeout_s: float | None = None,
-        fresh_group: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> CaseOutcome:
         """Runs ``fn(ctx, payload)`` on ranks ``0 .. world_size-1``; never raises for a rank's failure.
 
-        ``fn`` must be importable by name (module level). ``env`` is set in the ranks
-        before a fresh process group is made (e.g. ``TORCH_DISTRIBUTED_DEBUG``) and stays
-        until the pool is respawned, so a case with ``env`` gets a pool of its own.
+        ``fn`` must be importable by name (module level). ``env`` (e.g.
+        ``TORCH_DISTRIBUTED_DEBUG``) must be set before a process group exists, so the pool
+        respawns whenever a case's ``env`` differs from the case before.
         """
         world = self.nproc if world_size is None else world_size
         if not 1 <= world <= self.nproc:
             raise ValueError(f"world_size={world} must be between 1 and the pool's nproc={self.nproc}")
-        if env:
+        wanted_env = dict(env or {})
+        if self.alive and wanted_env != self._env:
             self.shutdown()
+        self._env = wanted_env
         if not self.alive:
             self.start()
-        if fresh_group or world != self._group_world:
-            self._group_key += 1
-            self._group_world = world
         self._next_case += 1
-        job = _Job(self._next_case, world, self._group_key, fn, payload, self.pg_timeout_s, dict(env or {}))
+        job = _Job(self._next_case, world, fn, payload)
         offsets = [self._log_size(r) for r in range(world)]
         start = time.monotonic()
         for rank in range(world):
             self._conns[rank].send(job)
         results, failure = self._collect(world, start + (timeout_s or self.case_timeout_s), offsets)
-        if failure is not None or env:
-            self.shutdown(kill=failure is not None)
+        if failure is not None:
+            self.shutdown(kill=True)
         return CaseOutcome(results + [None] * (self.nproc - world), failure, time.monotonic() - start)
 
     def _collect(self, world: int, deadline: float, offsets: list[int]) -> tuple[list[Any], RankFailure | None]:

@@ -16,7 +16,7 @@ def sum_of_ranks(ctx: RankContext, payload: Any) -> float:
     import torch.distributed as dist
 
     t = torch.tensor([float(ctx.rank)], device=ctx.device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=ctx.group)
     return float(t.item())
 
 
@@ -27,7 +27,7 @@ def raise_on_rank(ctx: RankContext, payload: int) -> int:
 
     if ctx.rank == payload:
         raise ValueError(f"planted failure on rank {ctx.rank}")
-    dist.all_reduce(torch.zeros(1, device=ctx.device))
+    dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group)
     return ctx.rank
 
 

@@ -92,9 +92,19 @@ def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.
     return factory(param_groups(case, params, [s.name for s in case.params]), **kwargs)
 
 
-def _mesh(case: Case, device: torch.device) -> DeviceMesh:
-    names = ("replicate", "shard") if len(case.mesh) == 2 else ("shard",)
-    return init_device_mesh(device.type, case.mesh, mesh_dim_names=names)
+_MESHES: dict[tuple[int, ...], DeviceMesh] = {}
+
+
+def _mesh(case: Case, ctx: RankContext) -> DeviceMesh:
+    """The case's mesh over the case's process group; 2-D meshes are made once and kept."""
+    device_type = torch.device(ctx.device).type
+    if len(case.mesh) == 1:
+        return DeviceMesh.from_group(ctx.group, device_type, mesh_dim_names=("shard",))
+    if case.world_size != dist.get_world_size():
+        raise ValueError(f"a 2-D mesh {case.mesh} needs the whole pool; run it with --nproc {case.world_size}")
+    if case.mesh not in _MESHES:
+        _MESHES[case.mesh] = init_device_mesh(device_type, case.mesh, mesh_dim_names=("replicate", "shard"))
+    return _MESHES[case.mesh]
 
 
 def _model(case: Case, tensors: list[Tensor], mesh: DeviceMesh) -> nn.Module:
@@ -109,7 +119,7 @@ def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict
     device = torch.device(ctx.device)
     factory = load_object(case.candidate)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
-    mesh = _mesh(case, device)
+    mesh = _mesh(case, ctx)
     ref = _reference(case, tensors)
     ref_params = [p for g in ref.param_groups for p in g["params"]]
     ref_by_name = dict(
@@ -178,17 +188,18 @@ def _round_trip(
     )
 
     path = os.path.join(tempfile.gettempdir(), f"muongate-ckpt-{os.getppid()}-{ctx.case_id}")
-    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
+    saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.save(saved, checkpoint_id=path, process_group=ctx.group)
     zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=ctx.device) for s in case.params]
     fresh = _model(case, zeros, mesh)
     fresh_opt = _candidate(case, fresh, factory)
     state: dict[str, Any] = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
     # A parameter that never had a gradient has no optimizer state in the checkpoint, while
     # DCP's state-dict API initializes state for every parameter of the fresh optimizer.
-    dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True), process_group=ctx.group)
     set_model_state_dict(fresh, state["model"])
     set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
-    dist.barrier()
+    dist.barrier(group=ctx.group)
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     return fresh, fresh_opt
@@ -207,7 +218,7 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
     def ns(m: Tensor) -> Tensor:
         return reference.orthogonalize(m, settings["ns_steps"], dtype=settings["ns_dtype"], **kwargs)
 
-    mesh = _mesh(case, device)
+    mesh = _mesh(case, ctx)
     fulls = [initial_param(s, case.seed, i).to(device).to(settings["ns_dtype"]) for i, s in enumerate(case.params)]
     shards = [
         distribute_tensor(f, mesh, [*[Replicate()] * (mesh.ndim - 1), Shard(0)], src_data_rank=None) for f in fulls
