@@ -7,8 +7,8 @@ Default matrix set: ``--layers`` (32) × [4 × 4096×4096, 2 × 11008×4096, 1 �
 (6.48 B parameters at 32 layers), float32 parameters, bf16 Newton–Schulz, 5 iterations.
 ``--scale k`` divides every side by k for a quick run. All timings come from one run: the
 reference runs on rank 0's device alone (the others wait at a barrier), then each mode on
-every rank. Prints median seconds per step, the ratio to the reference, peak memory per
-rank on GPUs, and whether the modes' parameters equal the reference's bit for bit after
+every rank. Prints median seconds per step, the ratio to the reference, peak memory of rank 0
+during the steps on GPUs, and whether the modes' parameters equal the reference's bit for bit after
 the timed steps.
 """
 
@@ -54,6 +54,19 @@ def _peak_gib(device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
 
 
+def _profile(step: Callable[[], None], mode: str, rank: int) -> None:
+    """One more step on every rank under the profiler (a collective needs them all); rank 0 prints."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    if rank != 0:
+        return
+    print(f"--- profile of one {mode} step on rank 0 ---")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=32)
@@ -61,6 +74,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--modes", default="all_ranks,owner_split")
+    parser.add_argument("--profile", action="store_true", help="print rank 0's top kernels for one step of each mode")
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
@@ -105,11 +119,16 @@ def main() -> None:
         for p, g in zip(sharded, grads, strict=True):
             p.grad = distribute_tensor(g, mesh, p.placements)
         del params, grads
+        if use_cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
         opt = ShardedMuon(sharded, mode=mode, **SETTINGS)
         times = _time(opt.step, device, args.warmup, args.iters)
         median = torch.tensor([statistics.median(times)], device=device)
         dist.all_reduce(median, op=dist.ReduceOp.MAX)
         fulls = [p.full_tensor().cpu() for p in sharded]
+        if args.profile:
+            _profile(opt.step, mode, rank)  # after the comparison: it takes one more step
         if rank == 0:
             results[f"ShardedMuon {mode} ({world} ranks)"] = (float(median), _peak_gib(device))
             bitwise[mode] = all(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -120,12 +121,53 @@ def _cost(shape: tuple[int, int]) -> int:
     return rows * cols * min(rows, cols)
 
 
+def plan_buckets(shapes: Sequence[tuple[int, int]], shards: int, bucket_numel: int) -> list[list[_Item]]:
+    """Buckets of matrices, largest first, each at most ``bucket_numel · shards`` elements
+    (or one matrix), with owners balanced *within* each bucket.
+
+    Every bucket ends in an exchange all ranks wait for, so a bucket's time is its
+    busiest owner's: balancing each bucket, not only the total, is what halves the time.
+    """
+    order = sorted(range(len(shapes)), key=lambda i: (-_cost(shapes[i]), i))
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i in order:
+        numel = shapes[i][0] * shapes[i][1]
+        if current and used + numel > bucket_numel * shards:
+            buckets.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += numel
+    if current:
+        buckets.append(current)
+    planned = []
+    for bucket in buckets:
+        owners = assign_owners([shapes[i] for i in bucket], shards)
+        planned.append([_Item(i, shapes[i][0], shapes[i][1], o) for i, o in zip(bucket, owners, strict=True)])
+    return planned
+
+
+class _Exchange:
+    """One bucket's all-to-all in flight, and how to read what it brings."""
+
+    def __init__(self, work: Any, received: Tensor) -> None:
+        self.work = work
+        self.received = received
+
+    def wait(self) -> Tensor:
+        self.work.wait()
+        return self.received
+
+
 class OwnerExchange:
-    """Orthogonalizes a list of sharded matrices, each on one owner rank, in bounded buckets.
+    """Orthogonalizes a list of sharded matrices, each on one owner rank, bucket by bucket.
 
     ``run(updates, params, fn)`` takes each matrix's local update shard and returns this
-    rank's rows of ``fn(full_matrix)``. Peak extra memory per rank is about
-    ``bucket_numel`` elements of full matrices plus their shards.
+    rank's rows of ``fn(full_matrix)``. The next bucket's shards travel while this
+    bucket's matrices are orthogonalized, and results travel back while later buckets
+    compute. Extra memory per rank is about two buckets of ``bucket_numel`` elements of
+    full matrices plus this rank's shards of the results.
     """
 
     def __init__(self, bucket_numel: int = 1 << 26) -> None:
@@ -140,86 +182,98 @@ class OwnerExchange:
         shards = dist.get_world_size(group)
         me = dist.get_rank(group)
         shapes = [(int(p.shape[0]), int(p.shape[1])) for p in params]
-        owners = assign_owners(shapes, shards)
-        out: list[Tensor] = [torch.empty(0)] * len(updates)
-        bucket: list[_Item] = []
-        used = 0
-        for i, (rows, cols) in enumerate(shapes):
-            if bucket and used + rows * cols > self.bucket_numel * shards:
-                self._bucket(bucket, updates, out, group, shards, me, fn)
-                bucket, used = [], 0
-            bucket.append(_Item(i, rows, cols, owners[i]))
-            used += rows * cols
-        self._bucket(bucket, updates, out, group, shards, me, fn)
+        for i, (u, (rows, _)) in enumerate(zip(updates, shapes, strict=True)):
+            if u.shape[0] != chunk_rows(rows, shards)[me]:
+                raise ValueError(
+                    f"matrix {i}: local shard has {u.shape[0]} rows; the torch.chunk layout of {rows} rows "
+                    f"over {shards} ranks gives {chunk_rows(rows, shards)[me]} on rank {me}"
+                )
+        buckets = plan_buckets(shapes, shards, self.bucket_numel)
+        out: list[Tensor] = [updates[0]] * len(updates)
+        inbound = self._send_shards(buckets[0], updates, group, shards, me)
+        outbound = []
+        for k, bucket in enumerate(buckets):
+            received = inbound.wait()
+            if k + 1 < len(buckets):
+                inbound = self._send_shards(buckets[k + 1], updates, group, shards, me)
+            results = self._orthogonalize_owned(bucket, received, shards, me, fn)
+            outbound.append((bucket, self._send_results(bucket, results, group, shards, me, received)))
+        for bucket, exchange in outbound:
+            self._unpack(bucket, exchange.wait(), shards, me, out)
         return out
 
     @staticmethod
-    def _bucket(
-        items: list[_Item],
-        updates: Sequence[Tensor],
-        out: list[Tensor],
-        group: dist.ProcessGroup,
-        shards: int,
-        me: int,
-        fn: Callable[[Tensor], Tensor],
-    ) -> None:
-        rows_of = {it.index: chunk_rows(it.rows, shards) for it in items}
-        for it in items:
-            if updates[it.index].shape[0] != rows_of[it.index][me]:
-                raise ValueError(
-                    f"matrix {it.index}: local shard has {updates[it.index].shape[0]} rows, torch.chunk "
-                    f"layout of {it.rows} rows over {shards} ranks gives {rows_of[it.index][me]} on rank {me}"
-                )
-        dtype = updates[items[0].index].dtype
-        device = updates[items[0].index].device
-        # First exchange: every shard goes to its matrix's owner.
+    def _send_shards(
+        items: list[_Item], updates: Sequence[Tensor], group: dist.ProcessGroup, shards: int, me: int
+    ) -> _Exchange:
         send = [updates[it.index].reshape(-1) for d in range(shards) for it in items if it.owner == d]
-        send_splits = [sum(rows_of[it.index][me] * it.cols for it in items if it.owner == d) for d in range(shards)]
-        mine = [it for it in items if it.owner == me]
-        recv_splits = [sum(rows_of[it.index][s] * it.cols for it in mine) for s in range(shards)]
-        received = _all_to_all(send, send_splits, recv_splits, dtype, device, group)
-        pieces = list(received.split(recv_splits))
-        results: dict[int, Tensor] = {}
-        per_source = [
-            list(piece.split([rows_of[it.index][s] * it.cols for it in mine])) for s, piece in enumerate(pieces)
+        send_splits = [
+            sum(chunk_rows(it.rows, shards)[me] * it.cols for it in items if it.owner == d) for d in range(shards)
         ]
+        mine = [it for it in items if it.owner == me]
+        recv_splits = [sum(chunk_rows(it.rows, shards)[s] * it.cols for it in mine) for s in range(shards)]
+        like = updates[items[0].index]
+        return _all_to_all(send, send_splits, recv_splits, like, group)
+
+    @staticmethod
+    def _orthogonalize_owned(
+        items: list[_Item], received: Tensor, shards: int, me: int, fn: Callable[[Tensor], Tensor]
+    ) -> list[Tensor]:
+        mine = [it for it in items if it.owner == me]
+        recv_splits = [sum(chunk_rows(it.rows, shards)[s] * it.cols for it in mine) for s in range(shards)]
+        per_source = [
+            piece.split([chunk_rows(it.rows, shards)[s] * it.cols for it in mine])
+            for s, piece in enumerate(received.split(recv_splits))
+        ]
+        results = []
         for k, it in enumerate(mine):
             full = torch.cat([per_source[s][k].view(-1, it.cols) for s in range(shards)], dim=0)
             result = fn(full)
-            if result.dtype != dtype or result.shape != full.shape:
+            if result.dtype != full.dtype or result.shape != full.shape:
                 raise ValueError(
                     f"the orthogonalization returned {result.dtype} {tuple(result.shape)} for a "
-                    f"{dtype} {tuple(full.shape)} input; it must keep dtype and shape"
+                    f"{full.dtype} {tuple(full.shape)} input; it must keep dtype and shape"
                 )
-            results[it.index] = result
-        # Second exchange: the owner sends each rank its rows of the result.
+            results.append(result)
+        return results
+
+    @staticmethod
+    def _send_results(
+        items: list[_Item], results: list[Tensor], group: dist.ProcessGroup, shards: int, me: int, like: Tensor
+    ) -> _Exchange:
+        mine = [it for it in items if it.owner == me]
         back: list[Tensor] = []
         back_splits = []
         for d in range(shards):
             n = 0
-            for it in mine:
-                start = sum(rows_of[it.index][:d])
-                block = results[it.index][start : start + rows_of[it.index][d]]
+            for it, result in zip(mine, results, strict=True):
+                rows = chunk_rows(it.rows, shards)
+                block = result[sum(rows[:d]) : sum(rows[:d]) + rows[d]]
                 back.append(block.reshape(-1))
                 n += block.numel()
             back_splits.append(n)
-        mine_back = [sum(rows_of[it.index][me] * it.cols for it in items if it.owner == s) for s in range(shards)]
-        returned = _all_to_all(back, back_splits, mine_back, dtype, device, group)
-        for s, piece in enumerate(returned.split(mine_back)):
+        recv_splits = [
+            sum(chunk_rows(it.rows, shards)[me] * it.cols for it in items if it.owner == s) for s in range(shards)
+        ]
+        return _all_to_all(back, back_splits, recv_splits, like, group)
+
+    @staticmethod
+    def _unpack(items: list[_Item], returned: Tensor, shards: int, me: int, out: list[Tensor]) -> None:
+        splits = [
+            sum(chunk_rows(it.rows, shards)[me] * it.cols for it in items if it.owner == s) for s in range(shards)
+        ]
+        for s, piece in enumerate(returned.split(splits)):
             owned = [it for it in items if it.owner == s]
-            for it, block in zip(owned, piece.split([rows_of[it.index][me] * it.cols for it in owned]), strict=True):
-                out[it.index] = block.view(rows_of[it.index][me], it.cols)
+            sizes = [chunk_rows(it.rows, shards)[me] * it.cols for it in owned]
+            for it, block in zip(owned, piece.split(sizes), strict=True):
+                out[it.index] = block.view(chunk_rows(it.rows, shards)[me], it.cols)
 
 
 def _all_to_all(
-    chunks: list[Tensor],
-    send_splits: list[int],
-    recv_splits: list[int],
-    dtype: torch.dtype,
-    device: torch.device,
-    group: dist.ProcessGroup,
-) -> Tensor:
-    send = torch.cat([c.to(dtype) for c in chunks]) if chunks else torch.empty(0, dtype=dtype, device=device)
-    recv = torch.empty(sum(recv_splits), dtype=dtype, device=device)
-    dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group)
-    return recv
+    chunks: list[Tensor], send_splits: list[int], recv_splits: list[int], like: Tensor, group: dist.ProcessGroup
+) -> _Exchange:
+    """Starts an uneven all-to-all of ``chunks`` (in ``like``'s dtype and device)."""
+    send = torch.cat(chunks) if chunks else like.new_empty(0)
+    recv = like.new_empty(sum(recv_splits))
+    work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group, async_op=True)
+    return _Exchange(work, recv)

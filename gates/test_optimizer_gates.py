@@ -28,7 +28,7 @@ pytestmark = pytest.mark.gate
 NPROC = int(__import__("os").environ.get("MUONGATE_NPROC", "2"))
 
 
-@given(case=cases(max_world=NPROC, max_steps=1, max_params=1, adamw=False, experts=False))
+@given(case=cases(max_world=NPROC, max_steps=1, max_params=3, adamw=False, experts=False))
 def test_gathered_matrix_orthogonalizes_to_reference_rows_bitwise(gate_runner: Any, case: Case) -> None:
     gate_runner.check("orthogonalize_gathered", case, task="orthogonalize")
 

@@ -225,7 +225,8 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
     ]
     locals_ = [s.to_local() for s in shards]
     if case.mode == "owner_split":
-        got = placement.OwnerExchange().run(locals_, shards, ns)
+        # Tiny buckets: several exchanges per step, overlapping, as at scale.
+        got = placement.OwnerExchange(bucket_numel=256).run(locals_, shards, ns)
     else:
         got = [placement.local_rows(ns(placement.gather_full(u, s)), s) for u, s in zip(locals_, shards, strict=True)]
     records = []
