@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from harness.cases import Case
 from harness.pool import CaseOutcome, RankContext, RankPool
-from harness.tasks import run_optimizer_case, run_orthogonalize_case
+from harness.tasks import run_backward_case, run_optimizer_case, run_orthogonalize_case
 from reports.stream import ResultStream
 
 
@@ -28,6 +28,7 @@ class GateRunner:
     TASKS: ClassVar[dict[str, Callable[[RankContext, Any], Any]]] = {
         "optimizer": run_optimizer_case,
         "orthogonalize": run_orthogonalize_case,
+        "backward": run_backward_case,
     }
 
     def outcome(

@@ -48,3 +48,44 @@ def die_on_rank(ctx: RankContext, payload: int) -> int:
 
 def pid(ctx: RankContext, payload: Any) -> int:
     return os.getpid()
+
+
+def sharded_muon_errors(ctx: RankContext, payload: Any) -> list[str]:
+    """Builds ShardedMuon from bad inputs; returns each error's type and message."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from distributed_impl import ShardedMuon
+
+    mesh = DeviceMesh.from_group(ctx.group, "cpu")
+    good = torch.nn.Parameter(distribute_tensor(torch.zeros(6, 4), mesh, [Shard(0)]))
+    bad_inputs = [
+        [{"params": [good, torch.nn.Parameter(torch.zeros(3, 3))], "param_names": ["good", "plain"]}],
+        [
+            {
+                "params": [torch.nn.Parameter(distribute_tensor(torch.zeros(6, 4), mesh, [Replicate()]))],
+                "param_names": ["replicated"],
+            }
+        ],
+        [
+            {
+                "params": [torch.nn.Parameter(distribute_tensor(torch.zeros(6, 4), mesh, [Shard(1)]))],
+                "param_names": ["colsharded"],
+            }
+        ],
+        [
+            {
+                "params": [torch.nn.Parameter(distribute_tensor(torch.zeros(8), mesh, [Shard(0)]))],
+                "param_names": ["bias"],
+            }
+        ],
+    ]
+    errors = []
+    for groups in bad_inputs:
+        try:
+            ShardedMuon(groups)
+            errors.append("no error")
+        except (TypeError, ValueError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    return errors

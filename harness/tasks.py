@@ -85,7 +85,7 @@ def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
 
 
 def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.Optimizer]) -> torch.optim.Optimizer:
-    params = [getattr(model, s.name) for s in case.params]
+    params = [model.get_parameter(s.name) for s in case.params]
     kwargs = case.settings_dict()
     if case.mode is not None:
         kwargs["mode"] = case.mode
@@ -121,14 +121,7 @@ def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
     mesh = _mesh(case, ctx)
     ref = _reference(case, tensors)
-    ref_params = [p for g in ref.param_groups for p in g["params"]]
-    ref_by_name = dict(
-        zip(
-            [s.name for s in case.params if s.use_muon] + [s.name for s in case.params if not s.use_muon],
-            ref_params,
-            strict=True,
-        )
-    )
+    ref_by_name = _by_name(case, ref)
     model = _model(case, tensors, mesh)
     opt = _candidate(case, model, factory)
     records: list[Comparison] = []
@@ -136,22 +129,37 @@ def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict
         for i, spec in enumerate(case.params):
             g = gradient(spec, case.seed, i, step)
             ref_p = ref_by_name[spec.name]
-            cand_p = getattr(model, spec.name)
+            cand_p = model.get_parameter(spec.name)
             ref_p.grad = None if g is None else g.to(device)
             cand_p.grad = None if g is None else _shard_like(g.to(device), cand_p)
         ref.step()
         opt.step()
         if case.checkpoint_after is not None and step + 1 == case.checkpoint_after:
             model, opt = _round_trip(case, model, opt, mesh, factory, ctx)
-        for spec in case.params:
-            ref_p = ref_by_name[spec.name]
-            cand_p = getattr(model, spec.name)
-            records.append(_cmp(gate, f"{spec.name}", step, ctx.rank, ref_p.detach(), cand_p))
-            ref_state, cand_state = ref.state.get(ref_p, {}), opt.state.get(cand_p, {})
-            for key in STATE_KEYS:
-                if key in ref_state and key in cand_state:
-                    records.append(_cmp(gate, f"{spec.name}.{key}", step, ctx.rank, ref_state[key], cand_state[key]))
+        records += _compare_step(gate, case, step, ctx.rank, ref, ref_by_name, opt, model)
     return [r.to_record() for r in records]
+
+
+def _compare_step(
+    gate: str,
+    case: Case,
+    step: int,
+    rank: int,
+    ref: reference.Muon,
+    ref_by_name: dict[str, Tensor],
+    opt: torch.optim.Optimizer,
+    model: nn.Module,
+) -> list[Comparison]:
+    """Every parameter and every optimizer state tensor both sides have, after one step."""
+    records = []
+    for spec in case.params:
+        ref_p, cand_p = ref_by_name[spec.name], model.get_parameter(spec.name)
+        records.append(_cmp(gate, spec.name, step, rank, ref_p.detach(), cand_p))
+        ref_state, cand_state = ref.state.get(ref_p, {}), opt.state.get(cand_p, {})
+        for key in STATE_KEYS:
+            if key in ref_state and key in cand_state:
+                records.append(_cmp(gate, f"{spec.name}.{key}", step, rank, ref_state[key], cand_state[key]))
+    return records
 
 
 def _shard_like(full: Tensor, p: Tensor) -> Tensor:
@@ -234,3 +242,62 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
         expected = distribute_tensor(ns(full), mesh, shard.placements, src_data_rank=None).to_local()
         records.append(compare(expected, mine, gate=gate, tensor=spec.name, rank=ctx.rank))
     return [r.to_record() for r in records]
+
+
+def backward_model_case(seed: int, dims: tuple[int, int, int], world_size: int, steps: int, mode: str) -> Case:
+    """A two-layer MLP's parameters as a case: two Muon matrices and an AdamW bias."""
+    d0, d1, d2 = dims
+    return Case(
+        params=(
+            ParamSpec("0.weight", (d1, d0)),
+            ParamSpec("2.weight", (d2, d1)),
+            ParamSpec("2.bias", (d2,), use_muon=False),
+        ),
+        seed=seed,
+        world_size=world_size,
+        mesh=(world_size,),
+        steps=steps,
+        mode=mode,  # type: ignore[arg-type]
+        settings=(("weight_decay", 0.01),),
+    )
+
+
+def run_backward_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[str, Any]]:
+    """FSDP2 forward and backward on per-rank micro-batches; the reference is fed the
+    gradients FSDP2 produced (gathered), so the claim is the optimizer after a real backward."""
+    gate, case = payload
+    device = torch.device(ctx.device)
+    d1, d0 = case.params[0].shape
+    d2 = case.params[1].shape[0]
+    model = nn.Sequential(nn.Linear(d0, d1, bias=False), nn.Tanh(), nn.Linear(d1, d2)).to(device)
+    tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+    with torch.no_grad():
+        for spec, t in zip(case.params, tensors, strict=True):
+            model.get_parameter(spec.name).copy_(t)
+    ref = _reference(case, tensors)
+    ref_by_name = _by_name(case, ref)
+    mesh = _mesh(case, ctx)
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model[2], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = _candidate(case, model, load_object(case.candidate))
+    records: list[Comparison] = []
+    for step in range(case.steps):
+        gen = torch.Generator().manual_seed(case.seed * 7 + step * 131 + ctx.rank)
+        x = torch.randn(4, d0, generator=gen).to(device)
+        model(x).square().mean().backward()
+        for spec in case.params:
+            grad = model.get_parameter(spec.name).grad
+            ref_by_name[spec.name].grad = grad.full_tensor() if isinstance(grad, DTensor) else grad
+        ref.step()
+        opt.step()
+        opt.zero_grad()
+        records += _compare_step(gate, case, step, ctx.rank, ref, ref_by_name, opt, model)
+    return [r.to_record() for r in records]
+
+
+def _by_name(case: Case, ref: reference.Muon) -> dict[str, Tensor]:
+    """The reference's parameters by case name (groups list Muon parameters first)."""
+    names = [s.name for s in case.params if s.use_muon] + [s.name for s in case.params if not s.use_muon]
+    params = [p for g in ref.param_groups for p in g["params"]]
+    return dict(zip(names, params, strict=True))
