@@ -39,7 +39,7 @@ def test_one_sharded_step_matches_reference_bitwise(gate_runner: Any, case: Case
     gate_runner.check("one_step", case)
 
 
-@given(case=cases(max_world=NPROC, max_steps=5, max_params=2, adamw=False))
+@given(case=cases(max_world=NPROC, max_steps=5, max_params=2, adamw=False, hsdp=NPROC >= 4))
 def test_several_steps_with_momentum_nesterov_and_weight_decay_match_reference_bitwise(
     gate_runner: Any, case: Case
 ) -> None:
@@ -64,8 +64,9 @@ def test_every_world_size_gives_the_reference_bits(gate_runner: Any, case: Case,
         gate_runner.check("world_size_independence", case.with_world(world))
 
 
-def _edge(label: str, *params: ParamSpec, world: int = 2, **kw: Any) -> Any:
-    return pytest.param(Case(params=params, world_size=world, mesh=(world,), seed=11, label=label, **kw), id=label)
+def _edge(label: str, *params: ParamSpec, world: int = 2, mesh: tuple[int, ...] | None = None, **kw: Any) -> Any:
+    case = Case(params=params, world_size=world, mesh=mesh or (world,), seed=11, label=label, **kw)
+    return pytest.param(case, id=label)
 
 
 EDGE_CASES = [
@@ -88,6 +89,19 @@ EDGE_CASES = [
         ParamSpec("skip", (6, 6), grad="none"),
         ParamSpec("zero", (5, 7), grad="zero"),
         steps=2,
+    ),
+    # HSDP: replicate across 2 groups, shard 7 rows over 2 ranks within each (4 and 3 rows).
+    _edge(
+        "hsdp-2x2-uneven", ParamSpec("w", (7, 5)), ParamSpec("b", (3,), use_muon=False), world=4, mesh=(2, 2), steps=2
+    ),
+    _edge(
+        "hsdp-2x2-owner-split",
+        ParamSpec("w", (9, 4)),
+        ParamSpec("v", (2, 6)),
+        world=4,
+        mesh=(2, 2),
+        steps=2,
+        mode="owner_split",
     ),
     # Polar Express schedule past its five triples, float32 Newton–Schulz, Moonshot lr scale.
     _edge(

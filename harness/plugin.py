@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from harness.launcher import LauncherGroup, launched_by_torchrun
+
 # Profiles are registered at import, before hypothesis's own plugin reads
 # --hypothesis-profile; "ci" is the default unless that option or the variable says otherwise.
 # Distributed cases take milliseconds to seconds, so hypothesis's per-example deadline is off;
@@ -61,9 +63,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
+    """The backend and one device per rank (under torchrun: this rank's device only)."""
     import torch
 
     wanted = config.getoption("gate_device")
+    if launched_by_torchrun():
+        local = int(os.environ["LOCAL_RANK"])
+        if wanted != "cpu" and torch.cuda.device_count() > local:
+            return "nccl", [f"cuda:{local}"]
+        if wanted == "cuda":
+            raise pytest.UsageError(f"--gate-device cuda: local rank {local} has no GPU of its own")
+        return "gloo", ["cpu"]
     gpus = torch.cuda.device_count() if wanted != "cpu" else 0
     if wanted == "cuda" and gpus < nproc:
         raise pytest.UsageError(
@@ -78,6 +88,15 @@ def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gate: a distributed equivalence claim run on the rank pool")
     nproc = config.getoption("nproc")
+    if launched_by_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if nproc is not None and nproc != world:
+            raise pytest.UsageError(
+                f"--nproc {nproc} under torchrun, whose world size is {world}: the launcher decides; drop --nproc"
+            )
+        nproc = world
+        if int(os.environ["RANK"]) != 0:
+            config.option.verbose = -2  # rank 0 speaks for the job; the others report only failures
     nproc = 2 if nproc is None else nproc
     if nproc < 1:
         raise pytest.UsageError(f"--nproc {nproc}: the pool needs at least one rank; try --nproc 2")
@@ -87,6 +106,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _NPROC = pytest.StashKey[int]()
 _RUNNER = pytest.StashKey[Any]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if launched_by_torchrun():
+        # Every rank must draw the same examples in the same order: no randomness, no database.
+        settings.register_profile("torchrun", settings.default, derandomize=True, database=None)
+        settings.load_profile("torchrun")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -123,7 +150,9 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     directory = config.getoption("gate_report")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     name = f"results-{worker}.jsonl" if worker else "results.jsonl"
-    stream = ResultStream(os.path.join(directory, name))
+    torchrun = launched_by_torchrun()
+    writes_report = not torchrun or int(os.environ["RANK"]) == 0
+    stream = ResultStream(os.path.join(directory, name) if writes_report else None)
     stream.write(
         {
             "kind": "header",
@@ -137,8 +166,13 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         },
         sync=True,
     )
-    pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=config.getoption("case_timeout"))
-    runner = GateRunner(pool, stream)
+    timeout = config.getoption("case_timeout")
+    pool: Any
+    if torchrun:
+        pool = LauncherGroup(backend=backend, device=devices[0], timeout_s=timeout)
+    else:
+        pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout)
+    runner = GateRunner(pool, stream, launcher=torchrun)
     config.stash[_RUNNER] = runner
     try:
         yield runner
@@ -164,6 +198,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     from reports.summary import render, summarize, write_files
 
     path = runner.stream.path
+    if path is None:
+        return
     summary = summarize(read_stream(path))
     if not summary.gates:
         return

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from harness.cases import Case
+from harness.launcher import LauncherGroup
 from harness.pool import CaseOutcome, RankContext, RankPool
 from harness.tasks import run_backward_case, run_optimizer_case, run_orthogonalize_case
 from reports.stream import ResultStream
@@ -21,8 +21,9 @@ class GateFailure(AssertionError):
 class GateRunner:
     """Runs cases for gates; one per pytest session (see ``harness.plugin``)."""
 
-    pool: RankPool
+    pool: RankPool | LauncherGroup
     stream: ResultStream
+    launcher: bool = False
     nodeid: str = ""
 
     TASKS: ClassVar[dict[str, Callable[[RankContext, Any], Any]]] = {
@@ -55,7 +56,7 @@ class GateRunner:
                 "passed": message is None,
                 "message": message or "",
                 "seconds": outcome.seconds,
-                "reproduce": reproduce_command(self.nodeid),
+                "reproduce": reproduce_command(self.nodeid, self.pool.nproc, self.launcher),
             },
             sync=True,
         )
@@ -86,8 +87,11 @@ def verdict_message(case: Case, outcome: CaseOutcome, records: list[dict[str, An
     return "\n".join(lines)
 
 
-def reproduce_command(nodeid: str) -> str:
+def reproduce_command(nodeid: str, nproc: int, launcher: bool) -> str:
+    """The command that reruns the failing test; hypothesis replays the failure from its database
+    (or from the ``@reproduce_failure`` blob it prints)."""
     if not nodeid:
         return ""
-    nproc = os.environ.get("MUONGATE_NPROC", "2")
-    return f"pytest '{nodeid}' --nproc {nproc} -p no:randomly"
+    if launcher:
+        return f"torchrun --nproc-per-node {nproc} -m pytest '{nodeid}'"
+    return f"pytest '{nodeid}' --nproc {nproc}"

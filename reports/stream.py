@@ -15,21 +15,29 @@ from typing import Any, TextIO
 
 
 class ResultStream:
-    """Appends records to ``path`` (JSON Lines), flushing and fsyncing after every case."""
+    """Appends records to ``path`` (JSON Lines), flushing and fsyncing after every case.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: TextIO = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+    With ``path=None`` it writes nothing (ranks other than 0 under torchrun).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._file: TextIO | None = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, record: dict[str, Any], *, sync: bool = False) -> None:
+        if self._file is None:
+            return
         self._file.write(json.dumps(record, default=str) + "\n")
         self._file.flush()
         if sync:
             os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def read_stream(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,51 @@
+"""Claim: under torchrun the gates run on the launcher's ranks, on one node or several,
+and exactly one report is written (by global rank 0).
+
+Two torchrun invocations rendezvous on loopback through c10d, as two nodes of 2 ranks
+would; the edge cases include a 2-D HSDP mesh (replicate across the nodes' groups,
+shard within), which only runs with 4 ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) -> None:
+    port = _free_port()
+    report = tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "2", "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "muongate-selftest",
+        "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "edge", "-q",
+        "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report),
+    ]  # fmt: skip
+    nodes = [
+        subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    for node, output in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, output[-4000:]
+    assert any("10 passed" in out and "muongate report" in out for out in outputs), outputs[0][-2000:]
+    records = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
+    assert records[0]["kind"] == "header" and records[0]["nproc"] == 4
+    cases = [r for r in records if r["kind"] == "case"]
+    assert len(cases) == 10 and all(r["passed"] for r in cases)
+    assert {r["gate"] for r in cases} >= {"edge:hsdp-2x2-uneven", "edge:hsdp-2x2-owner-split"}
+    assert sorted(p.name for p in report.iterdir()) == ["equivalence.html", "equivalence.md", "results.jsonl"]
