@@ -132,6 +132,9 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
 
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
+    else:
+        # nproc ranks share the machine's cores: more threads than cores only adds contention.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.nproc))
     store = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group(
         spec.backend,

@@ -16,6 +16,7 @@ import importlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -113,17 +114,41 @@ def _model(case: Case, tensors: list[Tensor], mesh: DeviceMesh) -> nn.Module:
     return model
 
 
+class _Phases:
+    """Wall-clock seconds per phase of the last case on this rank (read by ``last_phases``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+
+_LAST_PHASES: dict[str, float] = {}
+
+
+def last_phases(ctx: RankContext, payload: Any) -> dict[str, float]:
+    """Where the previous optimizer case's time went on this rank."""
+    return dict(_LAST_PHASES)
+
+
 def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[str, Any]]:
     """Runs one case on this rank and returns its comparison records."""
     gate, case = payload
+    phases = _Phases()
     device = torch.device(ctx.device)
     factory = load_object(case.candidate)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+    phases.lap("inputs")
     mesh = _mesh(case, ctx)
     ref = _reference(case, tensors)
     ref_by_name = _by_name(case, ref)
     model = _model(case, tensors, mesh)
     opt = _candidate(case, model, factory)
+    phases.lap("set-up (mesh, fully_shard, optimizers)")
     records: list[Comparison] = []
     for step in range(case.steps):
         for i, spec in enumerate(case.params):
@@ -132,12 +157,21 @@ def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict
             cand_p = model.get_parameter(spec.name)
             ref_p.grad = None if g is None else g.to(device)
             cand_p.grad = None if g is None else _shard_like(g.to(device), cand_p)
+        phases.lap("inputs")
         ref.step()
+        phases.lap("reference step")
         opt.step()
+        phases.lap("candidate step (with its collectives)")
         if case.checkpoint_after is not None and step + 1 == case.checkpoint_after:
             model, opt = _round_trip(case, model, opt, mesh, factory, ctx)
+            phases.lap("checkpoint round trip")
         records += _compare_step(gate, case, step, ctx.rank, ref, ref_by_name, opt, model)
-    return [r.to_record() for r in records]
+        phases.lap("compare")
+    out = [r.to_record() for r in records]
+    phases.lap("compare")
+    _LAST_PHASES.clear()
+    _LAST_PHASES.update(phases.seconds)
+    return out
 
 
 def _compare_step(
