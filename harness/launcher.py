@@ -39,7 +39,9 @@ class LauncherGroup:
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
         if not dist.is_initialized():
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            # Binding the device up front keeps NCCL from guessing it (and warning at every barrier).
+            device_id = torch.device(device) if device.startswith("cuda") else None
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), device_id=device_id)
         self.rank = dist.get_rank()
         self.nproc = dist.get_world_size()
         self.backend = backend

@@ -136,12 +136,12 @@ def to_markdown(summary: RunSummary) -> str:
     )
     lines += [
         "",
-        "| gate | tiers | cases | failed | comparisons | bitwise | worst max\\|diff\\| | worst ULP |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| gate | tiers | cases | failed | comparisons | bitwise | tol. pass | worst max\\|diff\\| | worst ULP |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for g in sorted(summary.gates.values(), key=lambda g: g.gate):
         lines.append(
-            f"| {g.gate} | {','.join(sorted(g.tiers))} | {g.cases} | {g.failed_cases} | {g.comparisons} | {g.bitwise} | "
+            f"| {g.gate} | {','.join(sorted(g.tiers))} | {g.cases} | {g.failed_cases} | {g.comparisons} | {g.bitwise} | {g.tolerance_passes} | "
             f"{_fmt(g.worst_abs_diff)} | {_fmt(g.worst_ulp)} |"
         )
     if summary.negative_controls:
@@ -152,6 +152,8 @@ def to_markdown(summary: RunSummary) -> str:
             )
     for f in summary.failures[-20:]:
         lines += ["", f"**FAILED** `{f['gate']}`: `{f.get('case', '')}`", "", "```", f.get("message", "")[:2000], "```"]
+        if f.get("reproduce"):
+            lines += ["", f"reproduce: `{f['reproduce']}`"]
     return "\n".join(lines) + "\n"
 
 
