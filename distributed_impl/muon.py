@@ -16,21 +16,28 @@ The math is imported from ``reference``; placement and communication live in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from distributed_impl import placement
-from reference import MUON_DEFAULTS, adamw_update, apply_update, lr_scale, momentum_update, orthogonalize
-from reference.muon import restore_float32_state, validate_settings
+from reference import (
+    Muon,
+    adamw_update,
+    apply_update,
+    group_orthogonalizer,
+    lr_scale,
+    momentum_update,
+    orthogonalize,
+)
 
 Mode = Literal["all_ranks", "owner_split"]
 Orthogonalizer = Callable[..., Tensor]
 
 
-class ShardedMuon(torch.optim.Optimizer):
+class ShardedMuon(Muon):
     """Muon for sharded hidden matrices and AdamW for the rest; same settings as ``reference.Muon``.
 
     Parameters must be DTensors from ``fully_shard`` (or ``distribute_tensor``) with
@@ -41,6 +48,7 @@ class ShardedMuon(torch.optim.Optimizer):
     or ``"owner_split"`` (each matrix on one owner rank, exchanged with all-to-all).
     ``orthogonalize_fn``: the Newton–Schulz function, the reference's by default; it is
     called as ``fn(matrix, steps, ns_coefficients=…, eps=…, eps_form=…, dtype=…)``.
+    Settings, validation and checkpoint loading are the reference's own.
     """
 
     def __init__(
@@ -54,42 +62,22 @@ class ShardedMuon(torch.optim.Optimizer):
     ) -> None:
         if mode not in get_args(Mode):
             raise ValueError(f"mode={mode!r} is not one of {get_args(Mode)}")
-        unknown = set(settings) - set(MUON_DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(MUON_DEFAULTS)}")
-        super().__init__(params, {**MUON_DEFAULTS, **settings})
         self.mode: Mode = mode
         self.orthogonalize_fn = orthogonalize_fn
         self._exchange = placement.OwnerExchange(bucket_numel)
-        for gi, group in enumerate(self.param_groups):
-            validate_settings(group)
-            for name, p in zip(self._names(gi, group), group["params"], strict=True):
-                placement.check_layout(name, p, matrix=group["use_muon"])
+        super().__init__(params, **settings)
 
-    @staticmethod
-    def _names(gi: int, group: dict[str, Any]) -> list[str]:
-        names = group.get("param_names")
-        return list(names) if names else [f"group{gi}.param{i}" for i in range(len(group["params"]))]
+    def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
+        placement.check_layout(name, p, matrix=use_muon)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        restore_float32_state(self, state_dict)
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            # FSDP2 gives a parameter a gradient on every rank or on none, so this
-            # filter keeps every rank's list of collectives the same.
-            params = [p for p in group["params"] if p.grad is not None]
-            if group["use_muon"]:
-                self._muon_group(params, group)
-            else:
-                self._adamw_group(params, group)
-        return loss
+    def _group_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        # FSDP2 gives a parameter a gradient on every rank or on none, so the reference's
+        # filter on ``grad is None`` keeps every rank's list of collectives the same.
+        sharded = cast(list[DTensor], params)  # checked at construction by check_layout
+        if group["use_muon"]:
+            self._muon_group(sharded, group)
+        else:
+            self._adamw_group(sharded, group)
 
     # -- Muon ---------------------------------------------------------------------------
     def _muon_group(self, params: list[DTensor], group: dict[str, Any]) -> None:
@@ -115,21 +103,8 @@ class ShardedMuon(torch.optim.Optimizer):
     def _apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
         apply_update(local, ortho, group["lr"], group["weight_decay"], scaled_lr)
 
-    def _ns(self, group: dict[str, Any]) -> Callable[[Tensor], Tensor]:
-        def run(matrix: Tensor) -> Tensor:
-            return self.orthogonalize_fn(
-                matrix,
-                group["ns_steps"],
-                ns_coefficients=group["ns_coefficients"],
-                eps=group["eps"],
-                eps_form=group["eps_form"],
-                dtype=group["ns_dtype"],
-            )
-
-        return run
-
     def _orthogonalize_all(self, updates: list[Tensor], params: list[DTensor], group: dict[str, Any]) -> list[Tensor]:
-        ns = self._ns(group)
+        ns = group_orthogonalizer(group, self.orthogonalize_fn)
         out: list[Tensor | None] = [None] * len(params)
         gathered = []
         for i, (u, p) in enumerate(zip(updates, params, strict=True)):

@@ -255,10 +255,7 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
     gate, case = payload
     device = torch.device(ctx.device)
     settings = {**reference.MUON_DEFAULTS, **case.settings_dict()}
-    kwargs = {k: settings[k] for k in ("ns_coefficients", "eps", "eps_form")}
-
-    def ns(m: Tensor) -> Tensor:
-        return reference.orthogonalize(m, settings["ns_steps"], dtype=settings["ns_dtype"], **kwargs)
+    ns = reference.group_orthogonalizer(settings)
 
     mesh = _mesh(case, ctx)
     fulls = [initial_param(s, case.seed, i).to(device).to(settings["ns_dtype"]) for i, s in enumerate(case.params)]

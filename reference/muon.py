@@ -53,7 +53,7 @@ one on GPUs); it is not bitwise the plain ``a·X + (b·A + c·A²)·X`` form.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, cast, get_args
 
 import torch
@@ -143,6 +143,23 @@ def orthogonalize(
     if not out:
         return torch.empty(G.shape, dtype=dtype, device=G.device)
     return torch.stack(out).reshape(G.shape)
+
+
+def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None = None) -> Callable[[Tensor], Tensor]:
+    """``matrix -> fn(matrix, …)`` with a param group's Newton–Schulz settings (``fn``: ``orthogonalize``)."""
+    kernel = orthogonalize if fn is None else fn
+
+    def run(matrix: Tensor) -> Tensor:
+        return kernel(
+            matrix,
+            group["ns_steps"],
+            ns_coefficients=group["ns_coefficients"],
+            eps=group["eps"],
+            eps_form=group["eps_form"],
+            dtype=group["ns_dtype"],
+        )
+
+    return run
 
 
 def lr_scale(shape: Sequence[int], adjust_lr_fn: LrAdjust) -> float:
@@ -292,15 +309,19 @@ class Muon(torch.optim.Optimizer):
         if unknown:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(MUON_DEFAULTS)}")
         super().__init__(params, {**MUON_DEFAULTS, **settings})
-        for group in self.param_groups:
+        for gi, group in enumerate(self.param_groups):
             validate_settings(group)
-            if group["use_muon"]:
-                for i, p in enumerate(group["params"]):
-                    if p.ndim not in (2, 3):
-                        raise ValueError(
-                            f"parameter {i} of a Muon group has shape {tuple(p.shape)}: Muon takes "
-                            "2-D matrices or 3-D stacks of matrices; put it in a group with use_muon=False"
-                        )
+            names = group.get("param_names") or [f"group{gi}.param{i}" for i in range(len(group["params"]))]
+            for name, p in zip(names, group["params"], strict=True):
+                self._check_param(name, p, group["use_muon"])
+
+    def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
+        """Raises ``ValueError`` naming a parameter this optimizer cannot take."""
+        if use_muon and p.ndim not in (2, 3):
+            raise ValueError(
+                f"parameter {name!r} of a Muon group has shape {tuple(p.shape)}: Muon takes "
+                "2-D matrices or 3-D stacks of matrices; put it in a group with use_muon=False"
+            )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -313,15 +334,17 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if group["use_muon"]:
-                    self._muon_step(p, p.grad, state, group)
-                else:
-                    self._adamw_step(p, p.grad, state, group)
+            self._group_step([p for p in group["params"] if p.grad is not None], group)
         return loss
+
+    def _group_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """One step of one param group, over the parameters that have a gradient."""
+        for p in params:
+            grad = cast(Tensor, p.grad)  # step() passes only parameters with a gradient
+            if group["use_muon"]:
+                self._muon_step(p, grad, self.state[p], group)
+            else:
+                self._adamw_step(p, grad, self.state[p], group)
 
     @staticmethod
     def _muon_step(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
@@ -330,14 +353,7 @@ class Muon(torch.optim.Optimizer):
         update = momentum_update(
             state["momentum_buffer"], grad, group["momentum"], group["nesterov"], group["momentum_form"]
         )
-        ortho = orthogonalize(
-            update,
-            group["ns_steps"],
-            ns_coefficients=group["ns_coefficients"],
-            eps=group["eps"],
-            eps_form=group["eps_form"],
-            dtype=group["ns_dtype"],
-        )
+        ortho = group_orthogonalizer(group)(update)
         scaled = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])
         apply_update(p, ortho, group["lr"], group["weight_decay"], scaled)
 
