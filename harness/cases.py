@@ -145,7 +145,9 @@ def cases(
     checkpoint: bool = False,
 ) -> Case:
     """Whole optimizer cases. Shrinks towards one rank, one small square fp32 matrix, one step."""
-    _check_bounds("max_world", 1, "max_world", max_world)
+    for name, value in (("max_world", max_world), ("max_params", max_params), ("max_steps", max_steps)):
+        if value < 1:
+            raise ValueError(f"{name}={value} must be at least 1")
     world = draw(st.integers(1, max_world))
     mesh: tuple[int, ...] = (world,)
     if hsdp and world >= 4 and world % 2 == 0 and draw(st.booleans()):

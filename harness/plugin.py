@@ -31,6 +31,8 @@ settings.register_profile("thorough", _BASE, max_examples=2000)
 settings.load_profile(os.environ.get("MUONGATE_HYPOTHESIS_PROFILE", "ci"))
 
 DEFAULT_REPORT_DIR = "gate-report"
+_NPROC = pytest.StashKey[int]()
+_RUNNER = pytest.StashKey[Any]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -102,10 +104,6 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--nproc {nproc}: the pool needs at least one rank; try --nproc 2")
     config.stash[_NPROC] = nproc
     os.environ["MUONGATE_NPROC"] = str(nproc)
-
-
-_NPROC = pytest.StashKey[int]()
-_RUNNER = pytest.StashKey[Any]()
 
 
 @pytest.hookimpl(trylast=True)

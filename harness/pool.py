@@ -36,7 +36,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
-FailureKind = Literal["error", "hang", "died", "startup"]
+FailureKind = Literal["error", "hang", "died"]
 
 
 @dataclass(frozen=True)

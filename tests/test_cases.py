@@ -1,0 +1,62 @@
+"""Claims about the case generators: bad bounds fail at once with the values named, cases
+pickle (they travel to the ranks), and shrinking heads for the simplest case."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from harness.cases import Case, ParamSpec, cases, matrix_shapes, muon_settings
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [
+        (lambda: matrix_shapes(min_side=5, max_side=3), "min_side=5 is larger than max_side=3"),
+        (lambda: matrix_shapes(min_side=0), "min_side=0 must be at least 1"),
+        (lambda: cases(max_world=0), "max_world=0 must be at least 1"),
+        (lambda: cases(max_params=0), "max_params=0 must be at least 1"),
+        (lambda: cases(max_steps=0), "max_steps=0 must be at least 1"),
+    ],
+)
+def test_bad_strategy_arguments_raise_naming_the_values(strategy, message):
+    with pytest.raises(ValueError, match=message):
+        find(strategy(), lambda _: True)
+
+
+@given(case=cases(max_world=4, hsdp=True, checkpoint=True))
+@settings(max_examples=50)
+def test_cases_pickle_and_respect_their_bounds(case: Case):
+    assert pickle.loads(pickle.dumps(case)) == case
+    assert 1 <= case.world_size <= 4 and 1 <= case.steps <= 5
+    assert case.mesh in ((case.world_size,), (2, case.world_size // 2))
+    assert all(1 <= side <= 48 for p in case.params for side in p.shape)
+
+
+def test_cases_shrink_to_one_rank_one_small_square_fp32_matrix_one_step():
+    simplest = find(cases(max_world=4), lambda _: True)
+    assert simplest.world_size == 1 and simplest.steps == 1
+    assert simplest.params == (ParamSpec("w0", (4, 4), "float32"),)
+    assert dict(simplest.settings) == dict(find(muon_settings(), lambda _: True))
+
+
+def test_settings_shrink_to_the_defaults():
+    defaults = dict(find(muon_settings(), lambda _: True))
+    assert defaults == {
+        "lr": 0.02, "momentum": 0.95, "nesterov": True, "weight_decay": 0.0, "ns_steps": 5,
+        "momentum_form": "ema", "ns_coefficients": "keller", "eps_form": "add", "ns_dtype": "bfloat16",
+        "adjust_lr_fn": "original",
+    }  # fmt: skip
+
+
+@given(shape=matrix_shapes(world_size=3, experts=True))
+def test_matrix_shapes_are_2d_or_expert_stacks(shape):
+    assert len(shape) in (2, 3) and all(s >= 1 for s in shape)
+
+
+def test_some_drawn_shapes_leave_a_rank_with_an_empty_shard():
+    find(matrix_shapes(world_size=2), lambda s: s[0] < 2)
+    find(st.tuples(matrix_shapes(world_size=3)), lambda t: t[0][0] % 3 != 0)
