@@ -19,17 +19,58 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import distribute_tensor
+from torch.distributed.tensor import Shard, distribute_tensor
 
 import reference
 from distributed_impl import ShardedMuon
 
 LAYER = [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)]
-SETTINGS = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.01, ns_dtype=torch.bfloat16)
+# torch.optim.Muon's conventions (eps_form="clamp"), so torchtitan's DistMuon, which follows
+# them, computes the same bits as the reference on float32 parameters.
+SETTINGS = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.01, ns_dtype=torch.bfloat16, eps_form="clamp")
+TORCH_MUON_SETTINGS = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.01)
+
+
+def _dist_muon_factory(
+    wheel: str, shapes: list[tuple[int, int]]
+) -> Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]:
+    """torchtitan's DistMuon from a wheel, loading only its flex_shard package.
+
+    torchtitan's package ``__init__`` files pull in its trainer's dependencies; the
+    optimizer needs none of them, so the two parent packages are stood in by bare
+    namespace modules pointing into the unpacked wheel.
+    """
+    import sys
+    import tempfile
+    import types
+    import zipfile
+
+    root = tempfile.mkdtemp(prefix="torchtitan-")
+    zipfile.ZipFile(wheel).extractall(root)
+    for name in ("torchtitan", "torchtitan.distributed"):
+        module = types.ModuleType(name)
+        module.__path__ = [os.path.join(root, *name.split("."))]
+        sys.modules[name] = module
+    from torchtitan.distributed.flex_shard import BucketConfig, ComputeLayout, Owned, build_dist_muon
+
+    layers = len(shapes) // len(LAYER)
+    names = [f"layers.{i // len(LAYER)}.w{i % len(LAYER)}" for i in range(len(shapes))]
+    owned = ComputeLayout(shardings_by_mesh_axis={"dp_shard": Owned()})
+
+    def build(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return build_dist_muon(
+            [{"params": params, "param_names": names}],
+            compute_sharding_by_fqn=dict.fromkeys(names, owned),
+            bucket_configs=[BucketConfig(patterns=(f"layers.{i}.*",), name=f"layer{i}") for i in range(layers)],
+            **TORCH_MUON_SETTINGS,
+        )
+
+    return build
 
 
 def _sync(device: torch.device) -> None:
@@ -75,6 +116,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--modes", default="all_ranks,owner_split")
     parser.add_argument("--profile", action="store_true", help="print rank 0's top kernels for one step of each mode")
+    parser.add_argument(
+        "--torchtitan",
+        metavar="WHEEL",
+        help="a torchtitan 0.3.0 wheel: also time its DistMuon (flex_shard, Owned layouts, a bucket per layer)",
+    )
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
@@ -83,7 +129,7 @@ def main() -> None:
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp_shard",))
     shapes = [(r // args.scale, c // args.scale) for _ in range(args.layers) for r, c in LAYER]
     numel = sum(r * c for r, c in shapes)
     flops = sum(2 * 5 * (2 * min(r, c) ** 2 * max(r, c) + min(r, c) ** 3) for r, c in shapes)
@@ -112,26 +158,37 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats(device)
     dist.barrier()
 
+    contenders: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
+        f"ShardedMuon {mode} ({world} ranks)": partial(ShardedMuon, mode=mode, **SETTINGS)
+        for mode in args.modes.split(",")
+    }
+    if args.torchtitan:
+        contenders[f"torchtitan DistMuon Owned ({world} ranks)"] = _dist_muon_factory(args.torchtitan, shapes)
     bitwise: dict[str, bool] = {}
-    for mode in args.modes.split(","):
+    for name, factory in contenders.items():
         params, grads = inputs()
-        sharded = [torch.nn.Parameter(distribute_tensor(p, mesh, [torch.distributed.tensor.Shard(0)])) for p in params]
+        sharded = [torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)])) for p in params]
         for p, g in zip(sharded, grads, strict=True):
             p.grad = distribute_tensor(g, mesh, p.placements)
         del params, grads
         if use_cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        opt = ShardedMuon(sharded, mode=mode, **SETTINGS)
-        times = _time(opt.step, device, args.warmup, args.iters)
+        try:
+            opt = factory(sharded)
+            times = _time(opt.step, device, args.warmup, args.iters)
+        except Exception as e:  # a peer that cannot run here is reported, not fatal
+            if rank == 0:
+                print(f"{name}: {type(e).__name__}: {e}")
+            continue
         median = torch.tensor([statistics.median(times)], device=device)
         dist.all_reduce(median, op=dist.ReduceOp.MAX)
         fulls = [p.full_tensor().cpu() for p in sharded]
         if args.profile:
-            _profile(opt.step, mode, rank)  # after the comparison: it takes one more step
+            _profile(opt.step, name, rank)  # after the comparison: it takes one more step
         if rank == 0:
-            results[f"ShardedMuon {mode} ({world} ranks)"] = (float(median), _peak_gib(device))
-            bitwise[mode] = all(
+            results[name] = (float(median), _peak_gib(device))
+            bitwise[name] = all(
                 torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(fulls, ref_final, strict=True)
             )
         del opt, sharded, fulls
@@ -145,11 +202,10 @@ def main() -> None:
             f"{len(shapes)} matrices, {numel / 1e9:.2f} B parameters, {flops / 1e12:.0f} TFLOP of Newton–Schulz per step; "
             f"{args.warmup} warm-up + {args.iters} timed steps; torch {torch.__version__} on {device.type}"
         )
-        print(f"{'what':36} {'median s/step':>14} {'ratio':>7} {'peak GiB (rank 0)':>18} {'bitwise':>8}")
+        print(f"{'what':40} {'median s/step':>14} {'ratio':>7} {'peak GiB (rank 0)':>18} {'bitwise':>8}")
         for name, (seconds, peak) in results.items():
-            mode = name.split()[1] if name.startswith("ShardedMuon") else ""
-            same = "" if not mode else ("yes" if bitwise[mode] else "NO")
-            print(f"{name:36} {seconds:14.4f} {seconds / base:7.3f} {peak:18.1f} {same:>8}")
+            same = "" if name not in bitwise else ("yes" if bitwise[name] else "NO")
+            print(f"{name:40} {seconds:14.4f} {seconds / base:7.3f} {peak:18.1f} {same:>8}")
     dist.destroy_process_group()
 
 

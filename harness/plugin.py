@@ -11,6 +11,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,6 +77,8 @@ def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
         if wanted == "cuda":
             raise pytest.UsageError(f"--gate-device cuda: local rank {local} has no GPU of its own")
         return "gloo", ["cpu"]
+    # Under pytest-xdist each worker runs its own pool on its own block of GPUs.
+    workers, index = _xdist_workers(config)
     gpus = torch.cuda.device_count() if wanted != "cpu" else 0
     if wanted == "cuda" and gpus < nproc:
         raise pytest.UsageError(
@@ -83,8 +86,22 @@ def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
             f"try --nproc {max(gpus, 1)} or --gate-device cpu"
         )
     if wanted == "cuda" or (wanted == "auto" and gpus >= nproc):
-        return "nccl", [f"cuda:{i}" for i in range(nproc)]
+        if gpus < nproc * workers:
+            raise pytest.UsageError(
+                f"-n {workers} --nproc {nproc} needs {nproc * workers} GPUs (each xdist worker gets its own "
+                f"{nproc}); {gpus} are visible: try -n {gpus // nproc} or --gate-device cpu"
+            )
+        return "nccl", [f"cuda:{index * nproc + r}" for r in range(nproc)]
     return "gloo", ["cpu"] * nproc
+
+
+def _xdist_workers(config: pytest.Config) -> tuple[int, int]:
+    """(number of xdist workers, this worker's index); (1, 0) without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), int(worker.removeprefix("gw"))
+    count = getattr(config.option, "numprocesses", None)
+    return (count if isinstance(count, int) and count > 0 else 1), 0
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -104,6 +121,15 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--nproc {nproc}: the pool needs at least one rank; try --nproc 2")
     config.stash[_NPROC] = nproc
     os.environ["MUONGATE_NPROC"] = str(nproc)
+    _resolve_device(config, nproc)  # usage errors (too few GPUs) now, not at the first gate
+    if _is_xdist_controller(config):
+        # Workers stream to results-gwN.jsonl; the controller merges them at the end.
+        for stale in Path(config.getoption("gate_report")).glob("results-gw*.jsonl"):
+            stale.unlink()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return _xdist_workers(config)[0] > 1 and not os.environ.get("PYTEST_XDIST_WORKER")
 
 
 @pytest.hookimpl(trylast=True)
@@ -188,22 +214,26 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     runner = config.stash.get(_RUNNER, None)
-    if runner is None:
+    if runner is not None and runner.stream.path is not None:
+        streams = [runner.stream.path]
+    elif _is_xdist_controller(config):
+        streams = sorted(Path(config.getoption("gate_report")).glob("results-gw*.jsonl"))
+    else:
         return
     from rich.console import Console
 
     from reports.stream import read_stream
     from reports.summary import render, summarize, write_files
 
-    path = runner.stream.path
-    if path is None:
-        return
-    summary = summarize(read_stream(path))
+    records = [r for i, path in enumerate(streams) for r in read_stream(path) if i == 0 or r.get("kind") != "header"]
+    summary = summarize(records)
     if not summary.gates:
         return
     console = Console(
         file=terminalreporter._tw._file, width=max(140, terminalreporter._tw.fullwidth), no_color="CI" in os.environ
     )
     console.print(render(summary))
-    write_files(summary, str(path.parent))
-    terminalreporter.write_line(f"muongate report: {path.parent}/equivalence.html, equivalence.md, {path.name}")
+    directory = streams[0].parent
+    write_files(summary, str(directory))
+    names = ", ".join(p.name for p in streams)
+    terminalreporter.write_line(f"muongate report: {directory}/equivalence.html, equivalence.md, {names}")

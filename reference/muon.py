@@ -190,7 +190,7 @@ def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float, 
     p = param if param.dtype == torch.float32 else param.float()
     if weight_decay != 0:
         p.mul_(1 - lr * weight_decay)
-    p.add_(update.float(), alpha=-scaled_lr)
+    p.add_(update, alpha=-scaled_lr)  # mixed dtypes: widened per element, as torch.optim.Muon does
     if p is not param:
         param.copy_(p)
 
