@@ -137,3 +137,43 @@ def test_step_after_a_real_fsdp2_backward_matches_reference_bitwise(
     # Gradients come from FSDP2's own reduce-scatter after a forward/backward on per-rank
     # micro-batches; the reference is fed those gradients, gathered.
     gate_runner.check("real_backward", backward_model_case(seed, dims, world, 2, mode), task="backward")
+
+
+ORACLE_BAND = (0.6, 1.25)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (128, 32), (32, 128), (100, 37)])
+@pytest.mark.parametrize("ns_dtype", ["bfloat16", "float32"])
+def test_orthogonalized_spectrum_stays_in_the_quintic_band_against_float64_svd(
+    gate_runner: Any, shape: tuple[int, int], ns_dtype: str
+) -> None:
+    """Oracle tier: the reference's Newton–Schulz against float64 mathematics.
+
+    The input has chosen singular values spread log-uniformly over [0.05, 1] (a random
+    square matrix's near-zero smallest one would not reach the band in five steps: the
+    quintic lifts a small value by at most 3.4445⁵ ≈ 480). The exact polar factor has
+    every singular value 1; the quintic lands them in roughly [0.7, 1.2], so the band
+    checked here is [0.6, 1.25]. Runs in the parent: it needs no ranks.
+    """
+    import torch
+
+    import reference
+
+    gen = torch.Generator().manual_seed(1)
+    k = min(shape)
+    u, _ = torch.linalg.qr(torch.randn(shape[0], k, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(shape[1], k, generator=gen, dtype=torch.float64))
+    g = u @ torch.diag(torch.logspace(-1.3, 0, k, dtype=torch.float64)) @ v.T
+    sv = torch.linalg.svdvals(reference.orthogonalize(g, 5, dtype=getattr(torch, ns_dtype)).double())
+    lo, hi = float(sv.min()), float(sv.max())
+    passed = ORACLE_BAND[0] <= lo and hi <= ORACLE_BAND[1]
+    gate_runner.stream.write(
+        {"kind": "spectrum", "gate": "oracle_spectrum", "shape": shape, "dtype": ns_dtype,
+         "singular_values": sv.tolist(), "band": ORACLE_BAND},
+    )  # fmt: skip
+    gate_runner.stream.write(
+        {"kind": "case", "gate": "oracle_spectrum", "tier": "oracle", "case": f"shape={shape} ns_dtype={ns_dtype}",
+         "passed": passed, "message": f"singular values in [{lo:.3f}, {hi:.3f}], band {ORACLE_BAND}", "seconds": 0.0},
+        sync=True,
+    )  # fmt: skip
+    assert passed, f"singular values in [{lo:.3f}, {hi:.3f}] leave the band {ORACLE_BAND}"

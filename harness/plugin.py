@@ -34,6 +34,7 @@ settings.load_profile(os.environ.get("MUONGATE_HYPOTHESIS_PROFILE", "ci"))
 DEFAULT_REPORT_DIR = "gate-report"
 _NPROC = pytest.StashKey[int]()
 _RUNNER = pytest.StashKey[Any]()
+_SKIPS = pytest.StashKey[list[dict[str, Any]]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -123,7 +124,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["MUONGATE_NPROC"] = str(nproc)
     _resolve_device(config, nproc)  # usage errors (too few GPUs) now, not at the first gate
     if _is_xdist_controller(config):
-        # Workers stream to results-gwN.jsonl; the controller merges them at the end.
+        # Workers stream to results-gwN.jsonl and the controller merges every such file in
+        # the directory at the end, so an earlier run's must go first.
         for stale in Path(config.getoption("gate_report")).glob("results-gw*.jsonl"):
             stale.unlink()
 
@@ -183,6 +185,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             "torch": torch.__version__,
             "backend": backend,
             "device": devices[0].split(":")[0],
+            "devices": devices,
             "nproc": nproc,
             "hypothesis_profile": settings._current_profile,
             "git_commit": _git_commit(),
@@ -198,11 +201,33 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout)
     runner = GateRunner(pool, stream, launcher=torchrun)
     config.stash[_RUNNER] = runner
+    _flush_skips(config)
     try:
         yield runner
     finally:
         pool.shutdown()
         stream.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A skipped gate goes into the stream with its reason, so the report shows what did not run."""
+    report = yield
+    if report.skipped and item.get_closest_marker("gate") is not None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        item.config.stash.setdefault(_SKIPS, []).append(
+            {"kind": "skip", "gate": item.nodeid, "reason": reason.removeprefix("Skipped: ")}
+        )
+        _flush_skips(item.config)
+    return report
+
+
+def _flush_skips(config: pytest.Config) -> None:
+    runner = config.stash.get(_RUNNER, None)
+    if runner is not None:
+        for record in config.stash.get(_SKIPS, []):
+            runner.stream.write(record, sync=True)
+        config.stash[_SKIPS] = []
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -234,6 +259,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     )
     console.print(render(summary))
     directory = streams[0].parent
-    write_files(summary, str(directory))
+    write_files(summary, str(directory), records)
     names = ", ".join(p.name for p in streams)
     terminalreporter.write_line(f"muongate report: {directory}/equivalence.html, equivalence.md, {names}")

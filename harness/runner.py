@@ -40,8 +40,9 @@ class GateRunner:
             raise ValueError(f"{case.describe()} needs {case.world_size} ranks; the pool has --nproc {self.pool.nproc}")
         outcome = self.pool.run(self.TASKS[task], (gate, case), world_size=case.world_size)
         records = [r for per_rank in outcome.results if per_rank for r in per_rank]
+        described = case.describe()
         for r in records if record else ():
-            self.stream.write({"kind": "comparison", **r})
+            self.stream.write({"kind": "comparison", **r, "case": described, "case_seconds": outcome.seconds})
         return outcome, records
 
     def check(self, gate: str, case: Case, *, task: str = "optimizer") -> list[dict[str, Any]]:

@@ -1,23 +1,52 @@
-"""``python -m reports DIR``: re-renders a stored run (its ``results.jsonl``) in the terminal and as files."""
+"""Stored runs, from the command line.
+
+    python -m reports DIR               re-render DIR/results.jsonl (terminal, HTML, Markdown)
+    python -m reports compare BASE NOW  what moved between two runs (report directories or streams)
+
+Exit status 1 when the run has failures (render) or regressed against the baseline (compare).
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from reports.compare import diff_runs, render_diff
 from reports.stream import read_stream
 from reports.summary import render, summarize, write_files
 
 
+def _records(where: str) -> list[dict[str, Any]]:
+    path = Path(where)
+    streams = sorted(path.glob("results*.jsonl")) if path.is_dir() else [path]
+    if not streams:
+        raise SystemExit(f"{where}: no results*.jsonl here")
+    return [r for i, s in enumerate(streams) for r in read_stream(s) if i == 0 or r.get("kind") != "header"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
-    parser.add_argument("directory", help="a report directory holding results.jsonl")
+    parser = argparse.ArgumentParser(
+        prog="python -m reports", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("paths", nargs="+", metavar="DIR | compare BASE NOW")
     args = parser.parse_args(argv)
-    summary = summarize(read_stream(os.path.join(args.directory, "results.jsonl")))
-    Console().print(render(summary))
-    write_files(summary, args.directory)
+    console = Console()
+    if args.paths[0] == "compare":
+        if len(args.paths) != 3:
+            parser.error("compare takes two runs: python -m reports compare BASE NOW")
+        diff = diff_runs(summarize(_records(args.paths[1])), summarize(_records(args.paths[2])))
+        console.print(render_diff(diff))
+        return 1 if diff.regressed else 0
+    if len(args.paths) != 1:
+        parser.error("give one report directory, or: compare BASE NOW")
+    records = _records(args.paths[0])
+    summary = summarize(records)
+    console.print(render(summary))
+    directory = Path(args.paths[0])
+    write_files(summary, str(directory if directory.is_dir() else directory.parent), records)
     return 1 if summary.failures else 0
 
 

@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
+import io
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,17 +34,26 @@ class GateSummary:
 
 @dataclass
 class RunSummary:
+    """A run: its header, every gate's figures, each failing gate's minimal case, skips."""
+
     header: dict[str, Any]
     gates: dict[str, GateSummary]
     failures: list[dict[str, Any]]
     negative_controls: list[dict[str, Any]] = field(default_factory=list)
+    skips: list[dict[str, Any]] = field(default_factory=list)
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
+    """Folds a stream's records into a summary.
+
+    Hypothesis re-runs a failing test many times while it shrinks, and replays the
+    minimal example last, so the last failing case of a gate is the one to show.
+    """
     header: dict[str, Any] = {}
     gates: dict[str, GateSummary] = {}
-    failures: list[dict[str, Any]] = []
+    last_failure: dict[str, dict[str, Any]] = {}
     controls: list[dict[str, Any]] = []
+    skips: list[dict[str, Any]] = []
     for r in records:
         kind = r.get("kind")
         if kind == "header":
@@ -52,13 +62,20 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
         if kind == "negative_control":
             controls.append(r)
             continue
+        if kind == "skip":
+            skips.append(r)
+            continue
+        if kind not in ("case", "comparison"):
+            continue
         g = gates.setdefault(r["gate"], GateSummary(r["gate"]))
         if kind == "case":
             g.cases += 1
             g.seconds += r.get("seconds", 0.0)
+            if "tier" in r:
+                g.tiers.add(r["tier"])
             if not r["passed"]:
                 g.failed_cases += 1
-                failures.append(r)
+                last_failure[r["gate"]] = r
         elif kind == "comparison":
             g.comparisons += 1
             g.tiers.add(r["tier"])
@@ -68,7 +85,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
                 g.tolerance_passes += 1
             g.worst_abs_diff = max(g.worst_abs_diff, r["max_abs_diff"])
             g.worst_ulp = max(g.worst_ulp, r["max_ulp"])
-    return RunSummary(header, gates, failures, controls)
+    return RunSummary(header, gates, list(last_failure.values()), controls, skips)
 
 
 def _fmt(x: float) -> str:
@@ -119,11 +136,19 @@ def render(summary: RunSummary) -> Group:
             caught = Text("yes", style="green") if c["detected"] else Text("NO", style="bold red")
             controls.add_row(c["gate"].removeprefix("negative:"), caught, c["case"])
         parts.append(controls)
-    for f in summary.failures[-20:]:
-        parts.append(Text(f"FAILED {f['gate']}: {f.get('case', '')}", style="bold red"))
+    for f in summary.failures:
+        tried = summary.gates[f["gate"]].failed_cases
+        parts.append(
+            Text(
+                f"FAILED {f['gate']} ({tried} failing case(s) while shrinking); minimal: {f.get('case', '')}",
+                style="bold red",
+            )
+        )
         parts.append(Text(f.get("message", "")[:2000]))
         if f.get("reproduce"):
             parts.append(Text(f"reproduce: {f['reproduce']}"))
+    for skip in summary.skips:
+        parts.append(Text(f"SKIPPED {skip['gate']}: {skip.get('reason', '')}", style="yellow"))
     return Group(*parts)
 
 
@@ -150,19 +175,25 @@ def to_markdown(summary: RunSummary) -> str:
             lines.append(
                 f"| {c['gate'].removeprefix('negative:')} | {'yes' if c['detected'] else '**NO**'} | `{c['case']}` |"
             )
-    for f in summary.failures[-20:]:
+    for f in summary.failures:
         lines += ["", f"**FAILED** `{f['gate']}`: `{f.get('case', '')}`", "", "```", f.get("message", "")[:2000], "```"]
         if f.get("reproduce"):
             lines += ["", f"reproduce: `{f['reproduce']}`"]
+    if summary.skips:
+        lines += ["", "## Skipped", ""] + [f"- `{s['gate']}`: {s.get('reason', '')}" for s in summary.skips]
     return "\n".join(lines) + "\n"
 
 
-def write_files(summary: RunSummary, directory: str, width: int = 140) -> None:
-    """``equivalence.html`` (self-contained) and ``equivalence.md`` beside the stream."""
+def write_files(summary: RunSummary, directory: str, records: Sequence[dict[str, Any]] = (), width: int = 140) -> None:
+    """``equivalence.html`` (self-contained, with pictures) and ``equivalence.md`` in ``directory``."""
     import os
 
-    console = Console(record=True, width=width, file=open(os.devnull, "w"))  # noqa: SIM115
+    from reports.html import page
+
+    console = Console(record=True, width=width, file=io.StringIO())
     console.print(render(summary))
-    console.save_html(os.path.join(directory, "equivalence.html"))
+    tables = console.export_html(inline_styles=True, code_format='<pre style="font-family:monospace">{code}</pre>')
+    with open(os.path.join(directory, "equivalence.html"), "w", encoding="utf-8") as f:
+        f.write(page(summary, tables, list(records)))
     with open(os.path.join(directory, "equivalence.md"), "w", encoding="utf-8") as f:
         f.write(to_markdown(summary))

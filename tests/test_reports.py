@@ -5,6 +5,7 @@ in the terminal summary with a reproduce command that reproduces it."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -170,3 +171,50 @@ def test_planted_failure_is_summarized_with_a_command_that_reproduces_it(
     again = pytester.runpytest_subprocess("test_planted.py::test_planted_bug_is_caught", "--nproc", "2")
     again.assert_outcomes(failed=1)
     again.stdout.fnmatch_lines(["*FAILED planted*"])
+
+
+def test_comparing_runs_names_new_failures_fixed_gates_and_grown_differences(tmp_path: Path) -> None:
+    from reports.__main__ import main
+
+    base = [r for r in RECORDS if r.get("gate") != "kernel"]
+    base.append(
+        {
+            "kind": "comparison",
+            "gate": "kernel",
+            "tier": "ns-kernel",
+            "bitwise": False,
+            "passed": True,
+            "max_abs_diff": 1e-3,
+            "max_ulp": 3.0,
+        }
+    )
+    base.append({"kind": "case", "gate": "kernel", "case": "c", "passed": True, "message": "", "seconds": 0.1})
+    for name, records in (("base.jsonl", base), ("now.jsonl", RECORDS)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    from reports.compare import diff_runs
+
+    diff = diff_runs(summarize(base), summarize(RECORDS))
+    assert diff.new_failures == ["kernel"] and diff.grown == [("kernel", 1e-3, 0.25)] and diff.regressed
+    assert not diff_runs(summarize(RECORDS), summarize(RECORDS)).regressed
+    assert main(["compare", str(tmp_path / "base.jsonl"), str(tmp_path / "now.jsonl")]) == 1
+    assert main(["compare", str(tmp_path / "now.jsonl"), str(tmp_path / "now.jsonl")]) == 0
+
+
+def test_html_report_is_self_contained_with_pictures(tmp_path: Path) -> None:
+    from reports import write_files
+
+    records = [
+        *RECORDS,
+        {
+            "kind": "spectrum",
+            "gate": "oracle_spectrum",
+            "shape": [4, 4],
+            "dtype": "bfloat16",
+            "singular_values": [1.1, 0.9, 0.8, 0.7],
+            "band": [0.6, 1.25],
+        },
+    ]
+    write_files(summarize(records), str(tmp_path), records)
+    page = (tmp_path / "equivalence.html").read_text()
+    assert page.count("<svg") == 3  # two gates' |diff| histograms and one spectrum
+    assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
