@@ -80,14 +80,14 @@ def _check_bounds(name_lo: str, lo: int, name_hi: str, hi: int) -> None:
         raise ValueError(f"{name_lo}={lo} is larger than {name_hi}={hi}")
 
 
-@st.composite
 def matrix_shapes(
-    draw: st.DrawFn, *, min_side: int = 1, max_side: int = 48, world_size: int = 2, experts: bool = False
-) -> tuple[int, ...]:
+    *, min_side: int = 1, max_side: int = 48, world_size: int = 2, experts: bool = False
+) -> st.SearchStrategy[tuple[int, ...]]:
     """2-D shapes (square, tall, wide, 1 row, fewer rows than ranks, rows not divisible by
     the world size, prime sides) and, with ``experts``, 3-D ``[E, rows, cols]`` stacks.
 
-    Shrinks towards a small square matrix.
+    Shrinks towards a small square matrix. Sub-strategies are built here, once: building
+    them inside every draw made drawing a case several times slower.
     """
     _check_bounds("min_side", min_side, "max_side", max_side)
     sides = st.integers(min_side, max_side)
@@ -101,38 +101,53 @@ def matrix_shapes(
             (min(13, max_side), min(31, max_side)),  # primes, wide
         ]
     )
-    rows, cols = draw(st.one_of(special, st.tuples(sides, sides)))
-    rows, cols = max(min_side, min(rows, max_side)), max(min_side, min(cols, max_side))
-    if experts and draw(st.booleans()):
-        return (draw(st.integers(1, 2 * world_size + 1)), rows, cols)
-    return (rows, cols)
+    matrices = st.one_of(special, st.tuples(sides, sides)).map(
+        lambda rc: (max(min_side, min(rc[0], max_side)), max(min_side, min(rc[1], max_side)))
+    )
+    if not experts:
+        return matrices
+    stacks = st.tuples(st.integers(1, 2 * world_size + 1), matrices).map(lambda em: (em[0], *em[1]))
+    return st.one_of(matrices, stacks)
 
 
-@st.composite
-def muon_settings(draw: st.DrawFn, *, conventions: bool = True) -> tuple[tuple[str, Any], ...]:
+_LRS = st.sampled_from([0.02, 0.1, 1e-3, 0.5])
+_MOMENTA = st.one_of(st.just(0.95), st.floats(0.0, 0.99, allow_subnormal=False))
+_NESTEROV = st.booleans().map(lambda b: not b)
+_WEIGHT_DECAYS = st.sampled_from([0.0, 0.1, 0.01])
+_NS_STEPS = st.sampled_from([5, 1, 3, 0])
+_CONVENTIONS = {
+    "momentum_form": st.sampled_from(["ema", "sum"]),
+    "ns_coefficients": st.sampled_from(["keller", "polar_express"]),
+    "eps_form": st.sampled_from(["add", "clamp"]),
+    "ns_dtype": st.sampled_from(["bfloat16", "float32"]),
+    "adjust_lr_fn": st.sampled_from(["original", "match_rms_adamw", "none"]),
+}
+
+
+def muon_settings(*, conventions: bool = True) -> st.SearchStrategy[tuple[tuple[str, Any], ...]]:
     """Hyper-parameters and (with ``conventions``) the convention settings of ``reference.Muon``.
 
     Shrinks towards the defaults (each setting's first option).
     """
-    items: dict[str, Any] = {
-        "lr": draw(st.sampled_from([0.02, 0.1, 1e-3, 0.5])),
-        "momentum": draw(st.one_of(st.just(0.95), st.floats(0.0, 0.99, allow_subnormal=False))),
-        "nesterov": draw(st.booleans().map(lambda b: not b)),
-        "weight_decay": draw(st.sampled_from([0.0, 0.1, 0.01])),
-        "ns_steps": draw(st.sampled_from([5, 1, 3, 0])),
+    fields: dict[str, st.SearchStrategy[Any]] = {
+        "lr": _LRS,
+        "momentum": _MOMENTA,
+        "nesterov": _NESTEROV,
+        "weight_decay": _WEIGHT_DECAYS,
+        "ns_steps": _NS_STEPS,
     }
     if conventions:
-        items["momentum_form"] = draw(st.sampled_from(["ema", "sum"]))
-        items["ns_coefficients"] = draw(st.sampled_from(["keller", "polar_express"]))
-        items["eps_form"] = draw(st.sampled_from(["add", "clamp"]))
-        items["ns_dtype"] = draw(st.sampled_from(["bfloat16", "float32"]))
-        items["adjust_lr_fn"] = draw(st.sampled_from(["original", "match_rms_adamw", "none"]))
-    return tuple(items.items())
+        fields.update(_CONVENTIONS)
+    return st.fixed_dictionaries(fields).map(lambda d: tuple(d.items()))
 
 
-@st.composite
+_GRAD_KINDS: st.SearchStrategy[GradKind] = st.sampled_from(["normal", "normal", "zero", "none", "every_other"])
+_GRAD_SCALES = st.sampled_from([1.0, 1e-3, 1e3])
+_MODES: st.SearchStrategy[Mode] = st.sampled_from(["all_ranks", "owner_split"])
+_SEEDS = st.integers(0, 2**31 - 1)
+
+
 def cases(
-    draw: st.DrawFn,
     *,
     max_world: int = 2,
     max_params: int = 3,
@@ -143,44 +158,52 @@ def cases(
     experts: bool = True,
     hsdp: bool = False,
     checkpoint: bool = False,
-) -> Case:
+) -> st.SearchStrategy[Case]:
     """Whole optimizer cases. Shrinks towards one rank, one small square fp32 matrix, one step."""
     for name, value in (("max_world", max_world), ("max_params", max_params), ("max_steps", max_steps)):
         if value < 1:
             raise ValueError(f"{name}={value} must be at least 1")
-    world = draw(st.integers(1, max_world))
-    mesh: tuple[int, ...] = (world,)
-    if hsdp and world >= 4 and world % 2 == 0 and draw(st.booleans()):
-        mesh = (2, world // 2)
-    shards = mesh[-1]
-    n = draw(st.integers(1, max_params))
-    params = []
-    for i in range(n):
-        use_muon = i == 0 or not adamw or draw(st.booleans())
-        if use_muon:
-            shape = draw(matrix_shapes(max_side=max_side, world_size=shards, experts=experts))
-        else:
-            shape = draw(
-                st.one_of(st.tuples(st.integers(1, max_side)), matrix_shapes(max_side=max_side, world_size=shards))
+    worlds = st.integers(1, max_world)
+    counts = st.integers(1, max_params)
+    steps_drawn = st.integers(1, max_steps)
+    dtype_drawn = st.sampled_from(dtypes)
+    settings_drawn = muon_settings()
+    muon_shapes = {w: matrix_shapes(max_side=max_side, world_size=w, experts=experts) for w in range(1, max_world + 1)}
+    other_shapes = {
+        w: st.one_of(st.tuples(st.integers(1, max_side)), matrix_shapes(max_side=max_side, world_size=w))
+        for w in range(1, max_world + 1)
+    }
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        world = draw(worlds)
+        mesh: tuple[int, ...] = (world,)
+        if hsdp and world >= 4 and world % 2 == 0 and draw(st.booleans()):
+            mesh = (2, world // 2)
+        shards = mesh[-1]
+        params = []
+        for i in range(draw(counts)):
+            use_muon = i == 0 or not adamw or draw(st.booleans())
+            params.append(
+                ParamSpec(
+                    name=f"w{i}",
+                    shape=draw(muon_shapes[shards] if use_muon else other_shapes[shards]),
+                    dtype=draw(dtype_drawn),
+                    use_muon=use_muon,
+                    grad=draw(_GRAD_KINDS) if i else "normal",
+                    grad_scale=draw(_GRAD_SCALES),
+                )
             )
-        params.append(
-            ParamSpec(
-                name=f"w{i}",
-                shape=shape,
-                dtype=draw(st.sampled_from(dtypes)),
-                use_muon=use_muon,
-                grad=draw(st.sampled_from(["normal", "normal", "zero", "none", "every_other"])) if i else "normal",
-                grad_scale=draw(st.sampled_from([1.0, 1e-3, 1e3])),
-            )
+        steps = draw(steps_drawn)
+        return Case(
+            params=tuple(params),
+            seed=draw(_SEEDS),
+            world_size=world,
+            mesh=mesh,
+            steps=steps,
+            mode=draw(_MODES),
+            settings=draw(settings_drawn),
+            checkpoint_after=draw(st.integers(1, steps - 1)) if checkpoint and steps > 1 else None,
         )
-    steps = draw(st.integers(1, max_steps))
-    return Case(
-        params=tuple(params),
-        seed=draw(st.integers(0, 2**31 - 1)),
-        world_size=world,
-        mesh=mesh,
-        steps=steps,
-        mode=draw(st.sampled_from(["all_ranks", "owner_split"])),
-        settings=draw(muon_settings()),
-        checkpoint_after=draw(st.integers(1, steps - 1)) if checkpoint and steps > 1 else None,
-    )
+
+    return draw_case()
