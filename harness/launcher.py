@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from harness.pool import CaseOutcome, RankContext, RankFailure
+from harness.pool import CaseOutcome, RankContext, RankFailure, make_groups
 
 
 def launched_by_torchrun() -> bool:
@@ -46,8 +46,7 @@ class LauncherGroup:
         self.nproc = dist.get_world_size()
         self.backend = backend
         self.device = device
-        self._groups: dict[int, Any] = {w: dist.new_group(list(range(w))) for w in range(1, self.nproc)}
-        self._groups[self.nproc] = dist.group.WORLD
+        self._groups, self._hsdp_groups = make_groups(self.nproc)
         self._next_case = 0
 
     def run(
@@ -66,7 +65,9 @@ class LauncherGroup:
         if sent[0] != payload:
             status, value = "error", f"rank {self.rank} drew a different case than rank 0: {payload!r} vs {sent[0]!r}"
         elif self.rank < world:
-            ctx = RankContext(self.rank, world, self.device, self.backend, self._next_case, self._groups[world])
+            ctx = RankContext(
+                self.rank, world, self.device, self.backend, self._next_case, self._groups[world], self._hsdp_groups
+            )
             try:
                 status, value = "ok", fn(ctx, payload)
             except Exception:

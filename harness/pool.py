@@ -53,6 +53,29 @@ class RankContext:
     backend: str
     case_id: int
     group: Any = field(default=None, compare=False, repr=False)
+    hsdp_groups: Mapping[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
+
+
+def make_groups(nproc: int) -> tuple[dict[int, Any], dict[tuple[int, int], tuple[Any, Any]]]:
+    """Every process group a case can need, made once (every rank must take part in each).
+
+    Returns the group of ranks ``0 .. w-1`` for every world size ``w``, and for every even
+    ``w >= 4`` this rank's (replicate, shard) groups of the HSDP mesh ``(2, w // 2)`` laid
+    over ranks ``0 .. w-1`` (rows shard, columns replicate); ranks outside get placeholders.
+    """
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    worlds: dict[int, Any] = {w: dist.new_group(list(range(w))) for w in range(1, nproc)}
+    worlds[nproc] = dist.group.WORLD
+    hsdp: dict[tuple[int, int], tuple[Any, Any]] = {}
+    for w in range(4, nproc + 1, 2):
+        half = w // 2
+        rows = [dist.new_group(list(range(r * half, (r + 1) * half))) for r in range(2)]
+        cols = [dist.new_group([c, c + half]) for c in range(half)]
+        if rank < w:
+            hsdp[(2, half)] = (cols[rank % half], rows[rank // half])
+    return worlds, hsdp
 
 
 @dataclass(frozen=True)
@@ -143,16 +166,16 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
         world_size=spec.nproc,
         timeout=timedelta(seconds=spec.pg_timeout_s),
     )
-    # Every rank must take part in creating every subgroup, so all are made up front.
-    groups: dict[int, Any] = {w: dist.new_group(list(range(w))) for w in range(1, spec.nproc)}
-    groups[spec.nproc] = dist.group.WORLD
+    groups, hsdp_groups = make_groups(spec.nproc)
     conn.send(("ready", os.getpid()))
     while True:
         job: _Job | None = conn.recv()
         if job is None:
             break
         try:
-            ctx = RankContext(spec.rank, job.world_size, spec.device, spec.backend, job.case_id, groups[job.world_size])
+            ctx = RankContext(
+                spec.rank, job.world_size, spec.device, spec.backend, job.case_id, groups[job.world_size], hsdp_groups
+            )
             conn.send(("ok", job.fn(ctx, job.payload)))
         except BaseException:  # every failure goes back to the parent
             conn.send(("error", traceback.format_exc()))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
@@ -93,19 +93,18 @@ def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.
     return factory(param_groups(case, params, [s.name for s in case.params]), **kwargs)
 
 
-_MESHES: dict[tuple[int, ...], DeviceMesh] = {}
-
-
 def _mesh(case: Case, ctx: RankContext) -> DeviceMesh:
-    """The case's mesh over the case's process group; 2-D meshes are made once and kept."""
+    """The case's mesh over the pool's groups made for it at start-up (no group is made here)."""
     device_type = torch.device(ctx.device).type
     if len(case.mesh) == 1:
         return DeviceMesh.from_group(ctx.group, device_type, mesh_dim_names=("shard",))
-    if case.world_size != dist.get_world_size():
-        raise ValueError(f"a 2-D mesh {case.mesh} needs the whole pool; run it with --nproc {case.world_size}")
-    if case.mesh not in _MESHES:
-        _MESHES[case.mesh] = init_device_mesh(device_type, case.mesh, mesh_dim_names=("replicate", "shard"))
-    return _MESHES[case.mesh]
+    shape = (case.mesh[0], case.mesh[-1])
+    if len(case.mesh) != 2 or shape not in ctx.hsdp_groups:
+        raise ValueError(f"no HSDP groups for mesh {case.mesh}: 2-D meshes are (2, w // 2) for even w >= 4")
+    layout = torch.arange(case.world_size).view(*shape)
+    return DeviceMesh.from_group(
+        list(ctx.hsdp_groups[shape]), device_type, mesh=layout, mesh_dim_names=("replicate", "shard")
+    )
 
 
 def _model(case: Case, tensors: list[Tensor], mesh: DeviceMesh) -> nn.Module:
