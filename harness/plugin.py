@@ -188,6 +188,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             "devices": devices,
             "nproc": nproc,
             "hypothesis_profile": settings._current_profile,
+            "hypothesis_seed": config.getoption("hypothesis_seed", None),
             "git_commit": _git_commit(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
@@ -199,14 +200,68 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         pool = LauncherGroup(backend=backend, device=devices[0], timeout_s=timeout)
     else:
         pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout)
-    runner = GateRunner(pool, stream, launcher=torchrun)
+    tty = _terminal() if writes_report else None
+    progress = _CaseProgress.start(tty) if tty is not None else None
+    runner = GateRunner(pool, stream, launcher=torchrun, on_case=progress)
     config.stash[_RUNNER] = runner
     _flush_skips(config)
     try:
         yield runner
     finally:
+        if progress is not None:
+            progress.stop()
         pool.shutdown()
         stream.close()
+
+
+def _terminal() -> Any:
+    """The controlling terminal of a person watching (not CI), or ``None``.
+
+    pytest captures file descriptors 1 and 2 while tests run, so a live display during a
+    test must write to the terminal device itself.
+    """
+    if os.environ.get("CI"):
+        return None
+    try:
+        return open("/dev/tty", "w")  # closed by _CaseProgress.stop
+    except OSError:
+        return None
+
+
+class _CaseProgress:
+    """A live count of cases per gate on stderr, for long interactive runs; gone when done."""
+
+    def __init__(self, tty: Any) -> None:
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TextColumn("{task.completed} cases, {task.fields[failed]} failed"),
+            TimeElapsedColumn(),
+            console=Console(file=tty, force_terminal=True),
+            transient=True,
+        )
+        self._tty = tty
+        self._tasks: dict[str, Any] = {}
+
+    @classmethod
+    def start(cls, tty: Any) -> _CaseProgress:
+        progress = cls(tty)
+        progress._progress.start()
+        return progress
+
+    def __call__(self, gate: str, passed: bool) -> None:
+        if gate not in self._tasks:
+            self._tasks[gate] = self._progress.add_task(gate, total=None, failed=0)
+        task = self._tasks[gate]
+        failed = self._progress.tasks[task].fields["failed"] + (not passed)
+        self._progress.update(task, advance=1, failed=failed)
+
+    def stop(self) -> None:
+        self._progress.stop()
+        self._tty.close()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -25,6 +25,7 @@ class GateRunner:
     stream: ResultStream
     launcher: bool = False
     nodeid: str = ""
+    on_case: Callable[[str, bool], None] | None = None
 
     TASKS: ClassVar[dict[str, Callable[[RankContext, Any], Any]]] = {
         "optimizer": run_optimizer_case,
@@ -61,6 +62,8 @@ class GateRunner:
             },
             sync=True,
         )
+        if self.on_case is not None:
+            self.on_case(gate, message is None)
         if message is not None:
             raise GateFailure(f"{message}\n{case.describe()}")
         return records
