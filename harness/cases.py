@@ -20,6 +20,9 @@ GradKind = Literal["normal", "zero", "none", "every_other"]
 Mode = Literal["all_ranks", "owner_split"]
 
 
+DEFAULT_CANDIDATE = "distributed_impl:ShardedMuon"
+
+
 class ParamSpec(NamedTuple):
     """One parameter of a case: its name, global shape, dtype, group and gradient pattern."""
 
@@ -42,7 +45,7 @@ class Case:
     steps: int = 1
     mode: Mode | None = "all_ranks"
     settings: tuple[tuple[str, Any], ...] = ()
-    candidate: str = "distributed_impl:ShardedMuon"
+    candidate: str = DEFAULT_CANDIDATE
     checkpoint_after: int | None = None
     label: str = field(default="", compare=False)
 
@@ -68,7 +71,7 @@ class Case:
             f"Case(world={self.world_size}, mesh={self.mesh}, steps={self.steps}, mode={self.mode}, "
             f"seed={self.seed}, params=[{shapes}], settings={{{settings}}}"
             + (f", checkpoint_after={self.checkpoint_after}" if self.checkpoint_after is not None else "")
-            + (f", candidate={self.candidate}" if self.candidate != "distributed_impl:ShardedMuon" else "")
+            + (f", candidate={self.candidate}" if self.candidate != DEFAULT_CANDIDATE else "")
             + ")"
         )
 

@@ -35,6 +35,7 @@ DEFAULT_REPORT_DIR = "gate-report"
 _NPROC = pytest.StashKey[int]()
 _RUNNER = pytest.StashKey[Any]()
 _SKIPS = pytest.StashKey[list[dict[str, Any]]]()
+_IMPL = pytest.StashKey[Any]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,6 +58,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=120.0,
         help="wall-clock seconds one distributed case may take before its ranks are dumped and killed (default: 120).",
+    )
+    group.addoption(
+        "--impl",
+        metavar="MODULE:FACTORY",
+        default=None,
+        help="put this optimizer factory in place of distributed_impl.ShardedMuon in every optimizer gate "
+        "(the contract is in harness/plugins.py and the README).",
     )
     group.addoption(
         "--gate-report",
@@ -123,6 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_NPROC] = nproc
     os.environ["MUONGATE_NPROC"] = str(nproc)
     _resolve_device(config, nproc)  # usage errors (too few GPUs) now, not at the first gate
+    config.stash[_IMPL] = _impl(config)
     if _is_xdist_controller(config):
         # Workers stream to results-gwN.jsonl and the controller merges every such file in
         # the directory at the end, so an earlier run's must go first.
@@ -190,6 +199,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             "hypothesis_profile": settings._current_profile,
             "hypothesis_seed": config.getoption("hypothesis_seed", None),
             "git_commit": _git_commit(),
+            "impl": config.getoption("impl") or "distributed_impl:ShardedMuon",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
         sync=True,
@@ -202,7 +212,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout)
     tty = _terminal() if writes_report else None
     progress = _CaseProgress.start(tty) if tty is not None else None
-    runner = GateRunner(pool, stream, launcher=torchrun, on_case=progress)
+    runner = GateRunner(pool, stream, launcher=torchrun, on_case=progress, impl=config.stash[_IMPL])
     config.stash[_RUNNER] = runner
     _flush_skips(config)
     try:
@@ -212,6 +222,18 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             progress.stop()
         pool.shutdown()
         stream.close()
+
+
+def _impl(config: pytest.Config) -> Any:
+    from harness.plugins import Impl
+
+    spec = config.getoption("impl")
+    if spec is None:
+        return None
+    try:
+        return Impl.load(spec)
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        raise pytest.UsageError(f"--impl {spec}: {e}; expected MODULE:FACTORY importable from here") from e
 
 
 def _terminal() -> Any:

@@ -6,8 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from harness.cases import Case
+import pytest
+
+from harness.cases import DEFAULT_CANDIDATE, Case
 from harness.launcher import LauncherGroup
+from harness.plugins import Impl, UnsupportedConvention
 from harness.pool import CaseOutcome, RankContext, RankPool
 from harness.tasks import run_backward_case, run_optimizer_case, run_orthogonalize_case
 from reports.stream import ResultStream
@@ -26,6 +29,7 @@ class GateRunner:
     launcher: bool = False
     nodeid: str = ""
     on_case: Callable[[str, bool], None] | None = None
+    impl: Impl | None = None
 
     TASKS: ClassVar[dict[str, Callable[[RankContext, Any], Any]]] = {
         "optimizer": run_optimizer_case,
@@ -36,7 +40,12 @@ class GateRunner:
     def outcome(
         self, gate: str, case: Case, *, record: bool = True, task: str = "optimizer"
     ) -> tuple[CaseOutcome, list[dict[str, Any]]]:
-        """Runs the case and (with ``record``) streams its records; returns the outcome and records."""
+        """Runs the case and (with ``record``) streams its records; returns the outcome and records.
+
+        With ``--impl``, a case meant for the built-in candidate goes to the plug-in instead,
+        narrowed to what it declared it supports.
+        """
+        case = self._resolve(case)
         if case.world_size > self.pool.nproc:
             raise ValueError(f"{case.describe()} needs {case.world_size} ranks; the pool has --nproc {self.pool.nproc}")
         outcome = self.pool.run(self.TASKS[task], (gate, case), world_size=case.world_size)
@@ -48,6 +57,7 @@ class GateRunner:
 
     def check(self, gate: str, case: Case, *, task: str = "optimizer") -> list[dict[str, Any]]:
         """Runs the case; raises ``GateFailure`` with the failing figures unless every comparison passed."""
+        case = self._resolve(case)
         outcome, records = self.outcome(gate, case, task=task)
         message = verdict_message(case, outcome, records)
         self.stream.write(
@@ -67,6 +77,14 @@ class GateRunner:
         if message is not None:
             raise GateFailure(f"{message}\n{case.describe()}")
         return records
+
+    def _resolve(self, case: Case) -> Case:
+        if self.impl is None or case.candidate != DEFAULT_CANDIDATE:
+            return case
+        try:
+            return self.impl.adapt(case)
+        except UnsupportedConvention as e:
+            pytest.skip(str(e))
 
 
 def verdict_message(case: Case, outcome: CaseOutcome, records: list[dict[str, Any]]) -> str | None:

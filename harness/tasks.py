@@ -87,7 +87,8 @@ def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
 
 def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.Optimizer]) -> torch.optim.Optimizer:
     params = [model.get_parameter(s.name) for s in case.params]
-    kwargs = case.settings_dict()
+    # Every reference setting, defaults included: a plug-in gets the whole configuration.
+    kwargs = {k: v for k, v in {**reference.MUON_DEFAULTS, **case.settings_dict()}.items() if k != "use_muon"}
     if case.mode is not None:
         kwargs["mode"] = case.mode
     return factory(param_groups(case, params, [s.name for s in case.params]), **kwargs)

@@ -1,0 +1,98 @@
+"""Putting another team's sharded optimizer (``--impl MODULE:FACTORY``) through the gates.
+
+The contract, for ``FACTORY``:
+
+* it is called as ``FACTORY(param_groups, **settings)`` and returns a
+  ``torch.optim.Optimizer``. ``param_groups`` is a list of dicts with ``params`` (FSDP2
+  DTensor parameters, ``(Shard(0),)`` on a 1-D mesh; also on a 1-rank mesh at world
+  size 1), ``param_names`` and ``use_muon`` (Muon for hidden matrices, AdamW otherwise).
+  ``settings`` are ``reference.Muon``'s keywords: ``lr, weight_decay, momentum,
+  nesterov, ns_steps, eps`` and the convention settings;
+* it may declare, as attributes:
+
+  - ``muongate_conventions``: the conventions it implements, as ``reference.Muon``
+    settings (e.g. ``{"momentum_form": "ema", "eps_form": "clamp"}``). Every case uses
+    them for both sides, so the reference is configured to match. A key the reference
+    does not know is reported (the gates skip, naming it), never compared silently;
+  - ``muongate_max_world``: the largest world size it supports (default: any);
+  - ``muongate_features``: which of ``"adamw"``, ``"experts"`` (3-D parameters),
+    ``"bf16"``, ``"checkpoint"``, ``"no_grad"`` it supports (default: all). Cases are
+    narrowed to these, not rejected.
+* its ``state[p]`` may hold ``momentum_buffer`` (and ``exp_avg``, ``exp_avg_sq``) with
+  the parameter's layout; those are compared too when present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from harness.cases import Case, ParamSpec
+from reference import MUON_DEFAULTS
+
+FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "no_grad"})
+
+
+class UnsupportedConvention(Exception):
+    """The candidate declares a convention the reference cannot express."""
+
+
+@dataclass(frozen=True)
+class Impl:
+    """A candidate optimizer and what it declared about itself."""
+
+    spec: str
+    conventions: tuple[tuple[str, Any], ...] = ()
+    max_world: int | None = None
+    features: frozenset[str] = FEATURES
+
+    @classmethod
+    def load(cls, spec: str) -> Impl:
+        """Imports ``MODULE:FACTORY`` and reads its declarations; errors name what is wrong."""
+        from harness.tasks import load_object
+
+        factory = load_object(spec)
+        if not callable(factory):
+            raise TypeError(f"--impl {spec}: {factory!r} is not callable")
+        conventions = dict(getattr(factory, "muongate_conventions", {}))
+        features = frozenset(getattr(factory, "muongate_features", FEATURES))
+        unknown_features = features - FEATURES
+        if unknown_features:
+            raise ValueError(
+                f"--impl {spec}: unknown muongate_features {sorted(unknown_features)}; known: {sorted(FEATURES)}"
+            )
+        return cls(spec, tuple(sorted(conventions.items())), getattr(factory, "muongate_max_world", None), features)
+
+    def unsupported_conventions(self) -> list[str]:
+        return sorted(k for k, _ in self.conventions if k not in MUON_DEFAULTS)
+
+    def adapt(self, case: Case) -> Case:
+        """The case narrowed to what this candidate declared it supports, on its conventions."""
+        if self.unsupported_conventions():
+            raise UnsupportedConvention(
+                f"{self.spec} declares conventions the reference cannot express: {self.unsupported_conventions()}"
+            )
+        params = [self._narrow(p) for p in case.params if p.use_muon or "adamw" in self.features]
+        world = case.world_size if self.max_world is None else min(case.world_size, self.max_world)
+        settings = dict(case.settings)
+        for key, value in self.conventions:
+            settings[key] = str(value).removeprefix("torch.") if key == "ns_dtype" else value
+        return replace(
+            case,
+            params=tuple(params),
+            candidate=self.spec,
+            mode=None,
+            world_size=world,
+            mesh=(world,),
+            settings=tuple(settings.items()),
+            checkpoint_after=case.checkpoint_after if "checkpoint" in self.features else None,
+        )
+
+    def _narrow(self, p: ParamSpec) -> ParamSpec:
+        if len(p.shape) == 3 and "experts" not in self.features:
+            p = p._replace(shape=p.shape[1:])  # one expert's matrix
+        if p.dtype == "bfloat16" and "bf16" not in self.features:
+            p = p._replace(dtype="float32")
+        if p.grad in ("none", "every_other") and "no_grad" not in self.features:
+            p = p._replace(grad="normal")
+        return p

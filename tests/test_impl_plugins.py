@@ -1,0 +1,58 @@
+"""Claims about ``--impl``: another team's optimizer runs through the installed gates from
+a directory outside this repository, a broken one is caught with a shrunk case, a
+convention the reference cannot express is reported rather than compared, and a bad
+spec is a usage error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+UNEXPRESSIBLE = """
+from distributed_impl import ShardedMuon
+
+def cautious(param_groups, **settings):
+    return ShardedMuon(param_groups, **settings)
+
+cautious.muongate_conventions = {"cautious_mask": True}
+"""
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "gates", "-m", "gate", "--nproc", "2", "-q",
+         "-p", "no:cacheprovider", "--gate-report", str(tmp_path / "report"), *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+def test_torch_optim_muon_adapter_passes_from_outside_the_repository(tmp_path: Path) -> None:
+    shutil.copy(REPO / "examples" / "torch_muon.py", tmp_path / "their_muon.py")
+    result = _run(tmp_path, "-k", "one_sharded or several_steps", "--impl", "their_muon:torch_muon")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "2 passed" in result.stdout
+
+
+def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
+    shutil.copy(REPO / "examples" / "broken_muon.py", tmp_path / "their_muon.py")
+    result = _run(tmp_path, "-k", "several_steps", "--impl", "their_muon:broken_muon")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "Falsifying example" in result.stdout and "params=[w0[4, 4]:float32]" in result.stdout
+
+
+def test_convention_the_reference_cannot_express_is_reported_not_compared(tmp_path: Path) -> None:
+    (tmp_path / "their_muon.py").write_text(UNEXPRESSIBLE)
+    result = _run(tmp_path, "-k", "one_sharded", "--impl", "their_muon:cautious", "-rs")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "conventions the reference cannot express: ['cautious_mask']" in result.stdout
+
+
+def test_bad_impl_spec_is_a_usage_error(tmp_path: Path) -> None:
+    result = _run(tmp_path, "--impl", "no_such_module:factory")
+    assert result.returncode == 4
+    assert "--impl no_such_module:factory" in result.stderr and "MODULE:FACTORY" in result.stderr
