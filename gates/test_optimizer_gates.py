@@ -78,6 +78,10 @@ EDGE_CASES = [
     _edge("tall-31x3", ParamSpec("w", (31, 3)), steps=2, mode="owner_split"),
     # More experts than ranks, not divisible: whole expert matrices per rank, no gather.
     _edge("experts-3x6x4", ParamSpec("w", (3, 6, 4)), steps=2),
+    # fp32 Newton–Schulz on experts: each expert is a view at an offset of the stack, whose
+    # alignment differs between the full stack and a shard; GPU kernels saw that (fixed by
+    # copying every matrix before Newton–Schulz).
+    _edge("experts-4x31x13-fp32-ns", ParamSpec("w", (4, 31, 13)), steps=2, settings=(("ns_dtype", "float32"),)),
     # Fewer experts than ranks: one rank holds no expert at all.
     _edge("experts-1x5x5", ParamSpec("w", (1, 5, 5)), steps=2),
     # bf16 parameter on a shard length where CPU bf16 add(alpha) would round differently.

@@ -100,7 +100,11 @@ def _newton_schulz_2d(
     eps_form: EpsForm,
     dtype: torch.dtype,
 ) -> Tensor:
-    X = G.to(dtype)
+    # Always a fresh copy: when G is already in ``dtype``, ``to`` would return G itself, and
+    # one expert of a 3-D stack is a view at an offset. On GPUs the matmul and norm kernels
+    # chosen depend on the pointer's alignment, so a view and a fresh shard of the same
+    # numbers gave different bits in fp32 (seen on H200: expert stacks, fp32 Newton–Schulz).
+    X = G.to(dtype, copy=True)
     transposed = G.size(0) > G.size(1)
     if transposed:
         X = X.T
