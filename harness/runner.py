@@ -20,7 +20,7 @@ class GateFailure(AssertionError):
     """A case that did not reproduce the reference (or a rank that failed while trying)."""
 
 
-@dataclass
+@dataclass(repr=False)
 class GateRunner:
     """Runs cases for gates; one per pytest session (see ``harness.plugin``)."""
 
@@ -77,6 +77,9 @@ class GateRunner:
         if message is not None:
             raise GateFailure(f"{message}\n{case.describe()}")
         return records
+
+    def __repr__(self) -> str:  # hypothesis prints it in every failing example
+        return f"GateRunner(nproc={self.pool.nproc}, impl={self.impl.spec if self.impl else None!r})"
 
     def _resolve(self, case: Case) -> Case:
         if self.impl is None or case.candidate != DEFAULT_CANDIDATE:

@@ -6,6 +6,7 @@ spec is a usage error."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,12 @@ def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
     shutil.copy(REPO / "examples" / "broken_muon.py", tmp_path / "their_muon.py")
     result = _run(tmp_path, "-k", "several_steps", "--impl", "their_muon:broken_muon")
     assert result.returncode == 1, result.stdout[-3000:]
-    assert "Falsifying example" in result.stdout and "params=[w0[4, 4]:float32]" in result.stdout
+    assert "GateFailure" in result.stdout, result.stdout[-3000:]
+    # Shrunk: one small matrix. (The exact minimal case depends on hypothesis's version.)
+    shrunk = re.search(r"Case\(world=\d, mesh=\(\d,\), steps=(\d), .*?params=\[w0\[(\d+), (\d+)\]:\w+\]", result.stdout)
+    assert shrunk is not None, result.stdout[-3000:]
+    steps, rows, cols = (int(g) for g in shrunk.groups())
+    assert steps <= 2 and rows <= 48 and cols <= 48
 
 
 def test_convention_the_reference_cannot_express_is_reported_not_compared(tmp_path: Path) -> None:
