@@ -1,7 +1,8 @@
 """The muongate pytest plugin: ``--nproc``, the ``gate`` marker, the rank pool, the report.
 
-Loaded by the root ``conftest.py`` and exposed as the ``muongate`` ``pytest11`` entry point,
-so another project's suite can use it with ``-p harness.plugin`` after ``pip install``.
+Loaded by the root ``conftest.py`` and exposed as the ``harness.plugin`` ``pytest11`` entry
+point, so after ``pip install`` another project's suite has it too (and runs the gates
+with ``--pyargs gates``).
 Heavy imports (torch, rich) wait until they are needed.
 """
 
