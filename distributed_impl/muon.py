@@ -154,5 +154,6 @@ def _local(t: Tensor | None) -> Tensor:
 
 def _zeros_like_sharded(p: DTensor) -> DTensor:
     """Float32 zeros with the parameter's layout, as a DTensor so DCP can save it."""
-    local = torch.zeros(p.to_local().shape, dtype=torch.float32, device=p.to_local().device)
+    shard = p.to_local()
+    local = torch.zeros(shard.shape, dtype=torch.float32, device=shard.device)
     return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())

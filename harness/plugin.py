@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from harness.cases import DEFAULT_CANDIDATE
 from harness.launcher import LauncherGroup, launched_by_torchrun
 
 # Profiles are registered at import, before hypothesis's own plugin reads
@@ -37,6 +38,7 @@ _NPROC = pytest.StashKey[int]()
 _RUNNER = pytest.StashKey[Any]()
 _SKIPS = pytest.StashKey[list[dict[str, Any]]]()
 _IMPL = pytest.StashKey[Any]()
+_DEVICES = pytest.StashKey[tuple[str, list[str]]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -131,7 +133,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--nproc {nproc}: the pool needs at least one rank; try --nproc 2")
     config.stash[_NPROC] = nproc
     os.environ["MUONGATE_NPROC"] = str(nproc)
-    _resolve_device(config, nproc)  # usage errors (too few GPUs) now, not at the first gate
+    # Resolved once, here: usage errors (too few GPUs) come now, not at the first gate.
+    config.stash[_DEVICES] = _resolve_device(config, nproc)
     config.stash[_IMPL] = _impl(config)
     if _is_xdist_controller(config):
         # Workers stream to results-gwN.jsonl and the controller merges every such file in
@@ -156,7 +159,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     import hypothesis
     import torch
 
-    backend, devices = _resolve_device(config, config.stash[_NPROC])
+    backend, devices = config.stash[_DEVICES]
     return (
         f"muongate: torch {torch.__version__}, backend {backend} on {devices[0].split(':')[0]}, "
         f"nproc {config.stash[_NPROC]}, hypothesis {hypothesis.__version__} profile {settings._current_profile}"
@@ -182,7 +185,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     config = request.config
     nproc = config.stash[_NPROC]
-    backend, devices = _resolve_device(config, nproc)
+    backend, devices = config.stash[_DEVICES]
     directory = config.getoption("gate_report")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     name = f"results-{worker}.jsonl" if worker else "results.jsonl"
@@ -200,7 +203,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             "hypothesis_profile": settings._current_profile,
             "hypothesis_seed": config.getoption("hypothesis_seed", None),
             "git_commit": _git_commit(),
-            "impl": config.getoption("impl") or "distributed_impl:ShardedMuon",
+            "impl": config.getoption("impl") or DEFAULT_CANDIDATE,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
         sync=True,
@@ -252,7 +255,7 @@ def _terminal() -> Any:
 
 
 class _CaseProgress:
-    """A live count of cases per gate on stderr, for long interactive runs; gone when done."""
+    """A live count of cases per gate on the terminal, for long interactive runs; gone when done."""
 
     def __init__(self, tty: Any) -> None:
         from rich.console import Console
@@ -325,10 +328,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     from rich.console import Console
 
-    from reports.stream import read_stream
+    from reports.stream import read_streams
     from reports.summary import render, summarize, write_files
 
-    records = [r for i, path in enumerate(streams) for r in read_stream(path) if i == 0 or r.get("kind") != "header"]
+    records = read_streams(streams)
     summary = summarize(records)
     if not summary.gates:
         return

@@ -79,10 +79,7 @@ def param_groups(case: Case, params: Sequence[Tensor], names: Sequence[str]) -> 
 
 def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
     plain = [nn.Parameter(t.clone()) for t in tensors]
-    groups = param_groups(case, plain, [s.name for s in case.params])
-    for g in groups:
-        del g["param_names"]
-    return reference.Muon(groups, **case.settings_dict())
+    return reference.Muon(param_groups(case, plain, [s.name for s in case.params]), **case.settings_dict())
 
 
 def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.Optimizer]) -> torch.optim.Optimizer:
@@ -145,7 +142,7 @@ def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict
     phases.lap("inputs")
     mesh = _mesh(case, ctx)
     ref = _reference(case, tensors)
-    ref_by_name = _by_name(case, ref)
+    ref_by_name = _by_name(ref)
     model = _model(case, tensors, mesh)
     opt = _candidate(case, model, factory)
     phases.lap("set-up (mesh, fully_shard, optimizers)")
@@ -306,7 +303,7 @@ def run_backward_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[
         for spec, t in zip(case.params, tensors, strict=True):
             model.get_parameter(spec.name).copy_(t)
     ref = _reference(case, tensors)
-    ref_by_name = _by_name(case, ref)
+    ref_by_name = _by_name(ref)
     mesh = _mesh(case, ctx)
     fully_shard(model[0], mesh=mesh)
     fully_shard(model[2], mesh=mesh)
@@ -327,8 +324,6 @@ def run_backward_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[
     return [r.to_record() for r in records]
 
 
-def _by_name(case: Case, ref: reference.Muon) -> dict[str, Tensor]:
-    """The reference's parameters by case name (groups list Muon parameters first)."""
-    names = [s.name for s in case.params if s.use_muon] + [s.name for s in case.params if not s.use_muon]
-    params = [p for g in ref.param_groups for p in g["params"]]
-    return dict(zip(names, params, strict=True))
+def _by_name(ref: reference.Muon) -> dict[str, Tensor]:
+    """The reference's parameters by case name, as its param groups name them."""
+    return {name: p for g in ref.param_groups for name, p in zip(g["param_names"], g["params"], strict=True)}

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from reports.compare import diff_runs, render_diff
-from reports.stream import read_stream
+from reports.stream import read_streams
 from reports.summary import render, summarize, write_files
 
 
@@ -24,7 +24,7 @@ def _records(where: str) -> list[dict[str, Any]]:
     streams = sorted(path.glob("results*.jsonl")) if path.is_dir() else [path]
     if not streams:
         raise SystemExit(f"{where}: no results*.jsonl here")
-    return [r for i, s in enumerate(streams) for r in read_stream(s) if i == 0 or r.get("kind") != "header"]
+    return read_streams(streams)
 
 
 def main(argv: list[str] | None = None) -> int:

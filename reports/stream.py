@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -48,3 +48,8 @@ def read_stream(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 continue
+
+
+def read_streams(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+    """The records of several streams of one run (xdist workers' files): the first header only."""
+    return [r for i, path in enumerate(paths) for r in read_stream(path) if i == 0 or r.get("kind") != "header"]
