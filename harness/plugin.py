@@ -333,7 +333,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
     records = read_streams(streams)
     summary = summarize(records)
-    if not summary.gates:
+    if not (summary.gates or summary.scenarios or summary.negative_controls):
         return
     console = Console(
         file=terminalreporter._tw._file, width=max(140, terminalreporter._tw.fullwidth), no_color="CI" in os.environ

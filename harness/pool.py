@@ -31,7 +31,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
@@ -153,6 +153,8 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
     import torch
     import torch.distributed as dist
 
+    # torch may have been imported (by the spawning script) before ``env`` was applied.
+    dist.set_debug_level_from_env()
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
     else:
@@ -352,6 +354,8 @@ class RankPool:
                         # Peers may be waiting in a collective the failed rank never
                         # entered: give them a short grace, not the whole deadline.
                         deadline = min(deadline, time.monotonic() + min(3.0, self.pg_timeout_s))
+                    else:  # a peer's own error often says what the first one could not
+                        failure = replace(failure, stacks={**failure.stacks, rank: value})
                 else:
                     self._procs[rank].join(timeout=1)
                     pending.discard(rank)
@@ -363,7 +367,7 @@ class RankPool:
     def _hang(self, pending: set[int], offsets: list[int], earlier: RankFailure | None) -> RankFailure:
         stacks = {r: self._dump_stack(r, offsets[r]) for r in sorted(pending)}
         if earlier is not None:
-            return RankFailure(earlier.kind, earlier.rank, earlier.message, earlier.exitcode, stacks)
+            return replace(earlier, stacks={**earlier.stacks, **stacks})
         rank = min(pending)
         return RankFailure("hang", rank, f"ranks {sorted(pending)} did not finish before the deadline", stacks=stacks)
 

@@ -10,6 +10,7 @@ import pytest
 
 from harness.cases import DEFAULT_CANDIDATE, Case
 from harness.launcher import LauncherGroup
+from harness.moe import HANG_DEADLINE_S, Classified, MoECase, classify, run_moe_case
 from harness.plugins import Impl, UnsupportedConvention
 from harness.pool import CaseOutcome, RankContext, RankPool
 from harness.tasks import run_backward_case, run_optimizer_case, run_orthogonalize_case
@@ -35,10 +36,11 @@ class GateRunner:
         "optimizer": run_optimizer_case,
         "orthogonalize": run_orthogonalize_case,
         "backward": run_backward_case,
+        "moe": run_moe_case,
     }
 
     def outcome(
-        self, gate: str, case: Case, *, record: bool = True, task: str = "optimizer"
+        self, gate: str, case: Case | MoECase, *, record: bool = True, task: str = "optimizer"
     ) -> tuple[CaseOutcome, list[dict[str, Any]]]:
         """Runs the case and (with ``record``) streams its records; returns the outcome and records.
 
@@ -55,7 +57,7 @@ class GateRunner:
             self.stream.write({"kind": "comparison", **r, "case": described, "case_seconds": outcome.seconds})
         return outcome, records
 
-    def check(self, gate: str, case: Case, *, task: str = "optimizer") -> list[dict[str, Any]]:
+    def check(self, gate: str, case: Case | MoECase, *, task: str = "optimizer") -> list[dict[str, Any]]:
         """Runs the case; raises ``GateFailure`` with the failing figures unless every comparison passed."""
         case = self._resolve(case)
         outcome, records = self.outcome(gate, case, task=task)
@@ -78,11 +80,46 @@ class GateRunner:
             raise GateFailure(f"{message}\n{case.describe()}")
         return records
 
+    def reproduce(self, gate: str, case: MoECase, *, env: dict[str, str] | None = None) -> Classified:
+        """Runs an MoE scenario that may hang, abort or corrupt, and records what it did.
+
+        Needs the pool: only the pool can kill a hung rank and start fresh ones. A hang is
+        whatever is still running ``HANG_DEADLINE_S`` after the start; ``env`` (e.g.
+        ``TORCH_DISTRIBUTED_DEBUG=DETAIL``) applies to fresh ranks for this run.
+        """
+        if self.launcher or not isinstance(self.pool, RankPool):
+            pytest.skip("reproducing a hang or an abort needs the rank pool: torchrun cannot replace a lost rank")
+        outcome = self.pool.run(
+            run_moe_case, (gate, case), world_size=case.world_size, timeout_s=HANG_DEADLINE_S, env=env
+        )
+        records = [r for per_rank in outcome.results if per_rank for r in per_rank]
+        verdict = classify(outcome, records)
+        self.stream.write(
+            {
+                "kind": "scenario",
+                "gate": gate,
+                "scenario": case.name,
+                "wrapping": case.wrapping,
+                "variant": case.variant,
+                "no_tokens": [list(pair) for pair in case.empty],
+                "env": env or {},
+                "outcome": verdict.outcome,
+                "detail": verdict.detail,
+                "collectives": list(verdict.collectives),
+                "seconds": outcome.seconds,
+                "case": case.describe(),
+            },
+            sync=True,
+        )
+        if self.on_case is not None:
+            self.on_case(gate, True)
+        return verdict
+
     def __repr__(self) -> str:  # hypothesis prints it in every failing example
         return f"GateRunner(nproc={self.pool.nproc}, impl={self.impl.spec if self.impl else None!r})"
 
-    def _resolve(self, case: Case) -> Case:
-        if self.impl is None or case.candidate != DEFAULT_CANDIDATE:
+    def _resolve(self, case: Case | MoECase) -> Case | MoECase:
+        if self.impl is None or not isinstance(case, Case) or case.candidate != DEFAULT_CANDIDATE:
             return case
         try:
             return self.impl.adapt(case)
@@ -90,7 +127,7 @@ class GateRunner:
             pytest.skip(str(e))
 
 
-def verdict_message(case: Case, outcome: CaseOutcome, records: list[dict[str, Any]]) -> str | None:
+def verdict_message(case: Case | MoECase, outcome: CaseOutcome, records: list[dict[str, Any]]) -> str | None:
     """``None`` when the case passed; otherwise what went wrong, worst comparison first."""
     if outcome.failure is not None:
         return outcome.failure.describe()

@@ -89,3 +89,15 @@ def sharded_muon_errors(ctx: RankContext, payload: Any) -> list[str]:
         except (TypeError, ValueError) as e:
             errors.append(f"{type(e).__name__}: {e}")
     return errors
+
+
+def debug_level(ctx: RankContext, payload: Any) -> str:
+    """The C++ side's debug level: proves a case's ``env`` reached torch.distributed."""
+    import torch.distributed as dist
+
+    return str(dist.get_debug_level())
+
+
+def raise_on_every_rank(ctx: RankContext, payload: Any) -> int:
+    """Every rank raises with its own message."""
+    raise ValueError(f"planted failure on rank {ctx.rank}")

@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 import reference
 from harness.cases import Case, ParamSpec
-from harness.compare import BITWISE, Comparison, compare
+from harness.compare import BITWISE, Comparison, Tier, compare
 from harness.pool import RankContext
 
 STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
@@ -91,15 +91,15 @@ def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.
     return factory(param_groups(case, params, [s.name for s in case.params]), **kwargs)
 
 
-def _mesh(case: Case, ctx: RankContext) -> DeviceMesh:
-    """The case's mesh over the pool's groups made for it at start-up (no group is made here)."""
+def mesh_for(ctx: RankContext, mesh: tuple[int, ...]) -> DeviceMesh:
+    """A mesh over the pool's groups made for it at start-up (no group is made here)."""
     device_type = torch.device(ctx.device).type
-    if len(case.mesh) == 1:
+    if len(mesh) == 1:
         return DeviceMesh.from_group(ctx.group, device_type, mesh_dim_names=("shard",))
-    shape = (case.mesh[0], case.mesh[-1])
-    if len(case.mesh) != 2 or shape not in ctx.hsdp_groups:
-        raise ValueError(f"no HSDP groups for mesh {case.mesh}: 2-D meshes are (2, w // 2) for even w >= 4")
-    layout = torch.arange(case.world_size).view(*shape)
+    shape = (mesh[0], mesh[-1])
+    if len(mesh) != 2 or shape not in ctx.hsdp_groups:
+        raise ValueError(f"no HSDP groups for mesh {mesh}: 2-D meshes are (2, w // 2) for even w >= 4")
+    layout = torch.arange(ctx.world_size).view(*shape)
     return DeviceMesh.from_group(
         list(ctx.hsdp_groups[shape]), device_type, mesh=layout, mesh_dim_names=("replicate", "shard")
     )
@@ -140,7 +140,7 @@ def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict
     factory = load_object(case.candidate)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
     phases.lap("inputs")
-    mesh = _mesh(case, ctx)
+    mesh = mesh_for(ctx, case.mesh)
     ref = _reference(case, tensors)
     ref_by_name = _by_name(ref)
     model = _model(case, tensors, mesh)
@@ -185,11 +185,11 @@ def _compare_step(
     records = []
     for spec in case.params:
         ref_p, cand_p = ref_by_name[spec.name], model.get_parameter(spec.name)
-        records.append(_cmp(gate, spec.name, step, rank, ref_p.detach(), cand_p))
+        records.append(compare_shard(gate, spec.name, step, rank, ref_p.detach(), cand_p))
         ref_state, cand_state = ref.state.get(ref_p, {}), opt.state.get(cand_p, {})
         for key in STATE_KEYS:
             if key in ref_state and key in cand_state:
-                records.append(_cmp(gate, f"{spec.name}.{key}", step, rank, ref_state[key], cand_state[key]))
+                records.append(compare_shard(gate, f"{spec.name}.{key}", step, rank, ref_state[key], cand_state[key]))
     return records
 
 
@@ -199,13 +199,16 @@ def _shard_like(full: Tensor, p: Tensor) -> Tensor:
     return full
 
 
-def _cmp(gate: str, name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor) -> Comparison:
+def compare_shard(
+    gate: str, name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor, tier: Tier = BITWISE
+) -> Comparison:
+    """This rank's shard of ``cand`` against the same rows of the full reference tensor (no collective)."""
     if isinstance(cand, DTensor):
         expected = distribute_tensor(ref_full, cand.device_mesh, cand.placements, src_data_rank=None).to_local()
         actual = cand.to_local()
     else:
         expected, actual = ref_full, cand
-    return compare(expected, actual.detach(), gate=gate, tensor=name, step=step, rank=rank, tier=BITWISE)
+    return compare(expected, actual.detach(), gate=gate, tensor=name, step=step, rank=rank, tier=tier)
 
 
 def _round_trip(
@@ -254,7 +257,7 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
     settings = {**reference.MUON_DEFAULTS, **case.settings_dict()}
     ns = reference.group_orthogonalizer(settings)
 
-    mesh = _mesh(case, ctx)
+    mesh = mesh_for(ctx, case.mesh)
     fulls = [initial_param(s, case.seed, i).to(device).to(settings["ns_dtype"]) for i, s in enumerate(case.params)]
     shards = [
         distribute_tensor(f, mesh, [*[Replicate()] * (mesh.ndim - 1), Shard(0)], src_data_rank=None) for f in fulls
@@ -304,7 +307,7 @@ def run_backward_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[
             model.get_parameter(spec.name).copy_(t)
     ref = _reference(case, tensors)
     ref_by_name = _by_name(ref)
-    mesh = _mesh(case, ctx)
+    mesh = mesh_for(ctx, case.mesh)
     fully_shard(model[0], mesh=mesh)
     fully_shard(model[2], mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -41,6 +41,7 @@ class RunSummary:
     failures: list[dict[str, Any]]
     negative_controls: list[dict[str, Any]] = field(default_factory=list)
     skips: list[dict[str, Any]] = field(default_factory=list)
+    scenarios: list[dict[str, Any]] = field(default_factory=list)
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
@@ -54,6 +55,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
     last_failure: dict[str, dict[str, Any]] = {}
     controls: list[dict[str, Any]] = []
     skips: list[dict[str, Any]] = []
+    scenarios: list[dict[str, Any]] = []
     for r in records:
         kind = r.get("kind")
         if kind == "header":
@@ -64,6 +66,9 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
             continue
         if kind == "skip":
             skips.append(r)
+            continue
+        if kind == "scenario":
+            scenarios.append(r)
             continue
         if kind not in ("case", "comparison"):
             continue
@@ -85,11 +90,22 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
                 g.tolerance_passes += 1
             g.worst_abs_diff = max(g.worst_abs_diff, r["max_abs_diff"])
             g.worst_ulp = max(g.worst_ulp, r["max_ulp"])
-    return RunSummary(header, gates, list(last_failure.values()), controls, skips)
+    return RunSummary(header, gates, list(last_failure.values()), controls, skips, scenarios)
 
 
 def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+_OUTCOME_STYLE = {"completed": "green", "error": "bold red"}
+SCENARIO_COLUMNS = ("gate", "scenario", "outcome", "seconds", "what showed it")
+
+
+def scenario_row(r: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A scenario record as the report's columns (MoE deadlock reproductions, diagnoses, alternatives)."""
+    env = " ".join(f"{k}={v}" for k, v in r.get("env", {}).items())
+    name = f"{r['scenario']} [{r['wrapping']} units, {r['variant']} model{', ' + env if env else ''}]"
+    return r["gate"], name, r["outcome"], f"{r.get('seconds', 0.0):.1f}", r.get("detail", "")
 
 
 def render(summary: RunSummary) -> Group:
@@ -136,6 +152,14 @@ def render(summary: RunSummary) -> Group:
             caught = Text("yes", style="green") if c["detected"] else Text("NO", style="bold red")
             controls.add_row(c["gate"].removeprefix("negative:"), caught, c["case"])
         parts.append(controls)
+    if summary.scenarios:
+        table = Table(title="MoE empty-expert scenarios (what each run did)", title_justify="left")
+        for col in SCENARIO_COLUMNS:
+            table.add_column(col, justify="right" if col == "seconds" else "left")
+        for r in summary.scenarios:
+            gate, name, outcome, seconds, detail = scenario_row(r)
+            table.add_row(gate, name, Text(outcome, style=_OUTCOME_STYLE.get(outcome, "yellow")), seconds, detail[:400])
+        parts.append(table)
     for f in summary.failures:
         tried = summary.gates[f["gate"]].failed_cases
         parts.append(
@@ -175,6 +199,17 @@ def to_markdown(summary: RunSummary) -> str:
             lines.append(
                 f"| {c['gate'].removeprefix('negative:')} | {'yes' if c['detected'] else '**NO**'} | `{c['case']}` |"
             )
+    if summary.scenarios:
+        lines += [
+            "",
+            "## MoE empty-expert scenarios",
+            "",
+            "| " + " | ".join(SCENARIO_COLUMNS) + " |",
+            "|---|---|---|---:|---|",
+        ]
+        for r in summary.scenarios:
+            cells = [c.replace("|", "\\|").replace("\n", " ") for c in scenario_row(r)]
+            lines.append("| " + " | ".join(cells) + " |")
     for f in summary.failures:
         lines += ["", f"**FAILED** `{f['gate']}`: `{f.get('case', '')}`", "", "```", f.get("message", "")[:2000], "```"]
         if f.get("reproduce"):

@@ -67,3 +67,17 @@ def test_rank_killed_by_a_signal_is_reported_with_its_exit_code(pool):
 def test_world_size_outside_the_pool_is_a_clear_error(pool):
     with pytest.raises(ValueError, match="world_size=3 must be between 1 and the pool's nproc=2"):
         pool.run(tasks.sum_of_ranks, world_size=3)
+
+
+def test_case_env_reaches_the_collective_library_and_is_dropped_afterwards(pool):
+    detail = pool.run(tasks.debug_level, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert detail.results == ["DebugLevel.DETAIL"] * 2
+    assert pool.run(tasks.debug_level).results == ["DebugLevel.OFF"] * 2
+
+
+def test_every_failing_rank_keeps_its_own_message(pool):
+    outcome = pool.run(tasks.raise_on_every_rank)
+    assert outcome.failure is not None
+    first, other = outcome.failure.rank, 1 - outcome.failure.rank
+    assert f"planted failure on rank {first}" in outcome.failure.message
+    assert f"planted failure on rank {other}" in outcome.failure.stacks[other]

@@ -1,0 +1,147 @@
+"""Claims about the mixture-of-experts empty-expert deadlock (``harness.moe``).
+
+1. The naive model (an expert with no tokens on a rank is skipped there) fails, on
+   purpose and deterministically, in each way users meet: a hang, an abort, silent
+   corruption. A naive model that stops failing fails its gate: a lost reproduction is a
+   regression of the harness.
+2. A rerun under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` names the mismatched collective
+   (operation, sequence number, shape) on each rank; it cannot see silent corruption,
+   whose collectives agree in shape, so only the comparison with the reference catches it.
+3. The fix (every rank runs every expert, on an empty batch where it has no tokens)
+   completes every scenario and trains bit for bit like a single-process reference fed
+   the same per-rank micro-batches; with tokens for every expert on every rank, the naive
+   and fixed models give the same bits.
+4. The alternatives users try are evaluated and their verdicts recorded.
+
+The outcome of a naive run depends on the collective library: gloo checks sizes and
+aborts, NCCL does not. ``EXPECTED`` holds what was measured per backend; a backend not
+listed must still fail, in any of the classes.
+
+The silent-corruption scenario doubles as this family's negative control: it is a
+known-wrong model that finishes cleanly, and the gate must catch it by comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness.moe import MoECase
+
+pytestmark = pytest.mark.gate
+
+DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+
+#: name → (naive scenario, expected outcome per backend)
+REPRODUCTIONS: dict[str, tuple[MoECase, dict[str, str]]] = {
+    "hang": (
+        MoECase("per-expert units, rank 1 sends no tokens to expert 3", "per_expert", "naive", ((1, 3),)),
+        {"gloo": "hang"},
+    ),
+    "abort": (
+        MoECase("one unit for the layer, rank 1 sends no tokens to expert 3", "layer", "naive", ((1, 3),)),
+        {"gloo": "abort"},
+    ),
+    "silent-corruption": (
+        MoECase(
+            "per-expert units, rank 0 skips expert 1 and rank 1 skips expert 2",
+            "per_expert",
+            "naive",
+            ((0, 1), (1, 2)),
+        ),
+        {"gloo": "silent corruption"},
+    ),
+}
+
+#: name → (scenario, expected outcome per backend); "completed" means bitwise equal to the reference.
+ALTERNATIVES: dict[str, tuple[MoECase, dict[str, str]]] = {
+    "zero-sum-per-expert": (
+        MoECase("0 * sum(expert params) added, per-expert units", "per_expert", "zero_sum", ((1, 3),)),
+        {"gloo": "hang"},
+    ),
+    "zero-sum-layer": (
+        MoECase("0 * sum(expert params) added, one unit for the layer", "layer", "zero_sum", ((1, 3),)),
+        {"gloo": "completed"},
+    ),
+    "reduce-scatter-unused-per-expert": (
+        MoECase("set_reduce_scatter_unused_params, per-expert units", "per_expert", "rs_unused", ((1, 3),)),
+        {"gloo": "hang"},
+    ),
+    "reduce-scatter-unused-layer": (
+        MoECase("set_reduce_scatter_unused_params, one unit for the layer", "layer", "rs_unused", ((1, 3),)),
+        {"gloo": "completed"},
+    ),
+    "stacked-experts": (
+        MoECase("stacked experts (one 3-D parameter), naive routing", "stacked", "naive", ((1, 3),)),
+        {"gloo": "completed"},
+    ),
+}
+
+#: Which (rank, expert) pairs get no tokens, for the fixed model.
+EMPTY_PATTERNS: dict[str, tuple[tuple[int, int], ...]] = {
+    "all-experts-busy": (),
+    "one-empty": ((1, 3),),
+    "different-on-each-rank": ((0, 1), (1, 2)),
+    "three-empty-on-rank-0": ((0, 0), (0, 1), (0, 2)),
+    "first-and-last": ((1, 0), (0, 3)),
+}
+
+
+def _backend(gate_runner: Any) -> str:
+    return str(gate_runner.pool.backend)
+
+
+@pytest.mark.parametrize("name", list(REPRODUCTIONS))
+def test_naive_moe_reproduces_failure_then_fixed_model_completes(gate_runner: Any, name: str) -> None:
+    case, expected = REPRODUCTIONS[name]
+    verdict = gate_runner.reproduce("moe:reproduce", case)
+    assert verdict.outcome != "completed", (
+        f"lost reproduction: the naive model completed and matched the reference: {case.describe()}"
+    )
+    assert verdict.outcome != "error", f"the naive model failed in an unexpected way: {verdict.detail}"
+    want = expected.get(_backend(gate_runner))
+    if want is not None:
+        assert verdict.outcome == want, f"expected {want}, got {verdict.outcome}: {verdict.detail}"
+    if verdict.outcome == "hang":
+        assert verdict.seconds < 15, f"the hang was detected only after {verdict.seconds:.1f} s"
+    # The pool replaced whatever hung or died: the fixed model runs on fresh ranks.
+    gate_runner.check("moe:fixed", case.with_variant("fixed"), task="moe")
+
+
+@pytest.mark.parametrize("name", list(REPRODUCTIONS))
+def test_detail_rerun_names_mismatched_collectives_but_not_silent_corruption(gate_runner: Any, name: str) -> None:
+    case, expected = REPRODUCTIONS[name]
+    verdict = gate_runner.reproduce("moe:diagnose", case, env=DETAIL)
+    if expected.get(_backend(gate_runner)) == "silent corruption":
+        assert verdict.outcome == "silent corruption", verdict.detail
+        return
+    assert verdict.outcome == "collective mismatch", verdict.detail
+    assert {c["rank"] for c in verdict.collectives} == set(range(case.world_size)), verdict.detail
+    assert all(c["op"] for c in verdict.collectives), verdict.detail
+
+
+@pytest.mark.parametrize("name", list(ALTERNATIVES))
+def test_alternative_fix_verdict_is_recorded(gate_runner: Any, name: str) -> None:
+    case, expected = ALTERNATIVES[name]
+    verdict = gate_runner.reproduce("moe:alternative", case)
+    assert verdict.outcome != "error", f"{case.describe()} failed in an unexpected way: {verdict.detail}"
+    want = expected.get(_backend(gate_runner))
+    if want is not None:
+        assert verdict.outcome == want, f"{case.name}: expected {want}, got {verdict.outcome}: {verdict.detail}"
+
+
+@pytest.mark.parametrize("wrapping", ["per_expert", "layer", "stacked"])
+@pytest.mark.parametrize("pattern", list(EMPTY_PATTERNS))
+def test_fixed_moe_trains_like_single_process_reference_bitwise(gate_runner: Any, pattern: str, wrapping: str) -> None:
+    case = MoECase(f"fixed, {pattern}", wrapping, "fixed", EMPTY_PATTERNS[pattern], steps=3)  # type: ignore[arg-type]
+    gate_runner.check("moe:fixed", case, task="moe")
+
+
+@pytest.mark.parametrize("wrapping", ["per_expert", "layer", "stacked"])
+def test_naive_and_fixed_models_agree_bitwise_when_every_expert_has_tokens(gate_runner: Any, wrapping: str) -> None:
+    """Both are compared with the same reference bit for bit, so they equal each other."""
+    for variant in ("naive", "fixed"):
+        case = MoECase(f"{variant}, every expert busy", wrapping, variant, (), steps=3)  # type: ignore[arg-type]
+        gate_runner.check("moe:busy", case, task="moe")
+
