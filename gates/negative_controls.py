@@ -60,6 +60,15 @@ class PaddedGatherMuon(_AllRanks):
         return full[me * per : me * per + update.shape[0]]
 
 
+class OffByOneRowsMuon(_AllRanks):
+    """Takes this rank's rows of the orthogonalized matrix one row late: an off-by-one
+    shard boundary (rows ``start + 1 .. end + 1``, wrapping round at the end)."""
+
+    def _gathered_ns(self, update: Tensor, p: DTensor, ns: Callable[[Tensor], Tensor]) -> Tensor:
+        full = ns(placement.gather_full(update, p))
+        return placement.local_rows(torch.roll(full, -1, dims=0), p)
+
+
 class LocalShapeLrMuon(_AllRanks):
     """Computes the lr scale from the local shard's shape instead of the matrix's."""
 
@@ -101,6 +110,7 @@ NEGATIVE_CONTROLS = {
         PartialNormMuon,
         LocalRowsMuon,
         PaddedGatherMuon,
+        OffByOneRowsMuon,
         LocalShapeLrMuon,
         WrongNesterovMuon,
         DecayAfterUpdateMuon,

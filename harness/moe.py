@@ -16,16 +16,13 @@ A ``routing`` override replaces the learned assignment: token ``t`` goes to expe
 ``t % E`` and tokens of an expert that must be empty on this rank move to the next
 allowed expert. Every scenario is therefore deterministic.
 
-The claim checked by ``run_moe_case``: FSDP2 + the sharded Muon, ``steps`` steps on
-per-rank micro-batches, against a single-process model and ``reference.Muon`` fed the
-mean of the same per-rank gradients. Losses, gradients, parameters and optimizer state
-are compared. On 2 ranks averaging two gradients is order-independent, so the verdict is
-bitwise; beyond 2 ranks the tier is ``reduction_order`` (FSDP2 sums in its own order).
+An ``MoECase`` is a ``harness.training.TrainingSpec``: FSDP2 + the sharded Muon on
+per-rank micro-batches against a single-process reference fed the mean of the same
+per-rank gradients (``run_training_case``). ``classify`` names what a naive run did.
 """
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,10 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-import reference
-from harness.compare import BITWISE, Comparison, Tier, compare
-from harness.pool import CaseOutcome, RankContext
-from harness.tasks import STATE_KEYS, compare_shard, load_object, mesh_for
+from harness.pool import CaseOutcome
 
 Wrapping = Literal["per_expert", "layer", "stacked"]
 Variant = Literal["naive", "fixed", "zero_sum", "rs_unused"]
@@ -71,26 +65,55 @@ class MoECase:
     def with_variant(self, variant: Variant) -> MoECase:
         return replace(self, variant=variant)
 
+    # -- harness.training.TrainingSpec --
+    def build(self) -> MoEModel:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return MoEModel(self.dim, self.hidden, self.experts, stacked=self.wrapping == "stacked")
+
+    def shard(self, model: nn.Module, mesh: Any) -> None:
+        """``fully_shard`` in this wrapping; ``rs_unused`` turns on FSDP2's unused-parameter reduce-scatter."""
+        assert isinstance(model, MoEModel)
+        units: list[nn.Module] = [model.dense]
+        if self.wrapping == "per_expert":
+            units += list(model.moe.experts.children())
+        else:
+            units.append(model.moe)
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if self.variant == "rs_unused":
+            if not reduce_scatter_unused_available():
+                raise NotImplementedError(f"torch {torch.__version__}: FSDP2 has no set_reduce_scatter_unused_params")
+            for m in model.modules():
+                if isinstance(m, FSDPModule):
+                    m.set_reduce_scatter_unused_params(True)
+
+    def loss(self, model: nn.Module, rank: int, step: int, device: torch.device) -> Tensor:
+        """Mean squared error on ``rank``'s micro-batch, routed as this scenario says for that rank.
+
+        The sharded model runs the scenario's variant; the single-process reference (never
+        wrapped by FSDP2) always runs every expert, which is the correct computation.
+        """
+        assert isinstance(model, MoEModel)
+        variant = self.variant if isinstance(model, FSDPModule) else "fixed"
+        model.moe.skip_empty = variant != "fixed"
+        model.moe.zero_sum = variant == "zero_sum"
+        model.moe.routing = frozenset(e for r, e in self.empty if r == rank)
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * step + rank)
+        x = torch.randn(self.tokens, self.dim, generator=gen).to(device)
+        y = torch.randn(self.tokens, self.dim, generator=gen).to(device)
+        return F.mse_loss(model(x), y)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> float | None:
+        return None
+
     def describe(self) -> str:
         empty = ", ".join(f"rank {r} expert {e}" for r, e in self.empty) or "none"
         return (
             f"MoECase({self.name}: {self.wrapping} units, {self.variant} model, world={self.world_size}, "
             f"steps={self.steps}, seed={self.seed}, no tokens for: {empty})"
         )
-
-
-def reduction_order(case: MoECase) -> Tier:
-    """The tier beyond 2 ranks, where FSDP2 sums the per-rank gradients in its own order."""
-    lr = dict(case.settings).get("lr", reference.MUON_DEFAULTS["lr"])
-    return Tier(
-        "reduction_order",
-        "tolerance",
-        f"{case.world_size} ranks: FSDP2 sums per-rank gradients in its own order, the reference in rank order; "
-        "a last-bit difference in a gradient can move one bf16 rounding inside Newton-Schulz, about "
-        "lr * 2^-7 per element per step",
-        atol=case.steps * lr * 2**-7,
-        rtol=1e-5,
-    )
 
 
 # -- the model ----------------------------------------------------------------------------
@@ -130,9 +153,10 @@ def round_robin(tokens: int, experts: int, empty: frozenset[int]) -> Tensor:
 class MoE(nn.Module):
     """Top-1 router + experts. ``empty`` (set per rank) overrides routing; see the module docstring."""
 
-    def __init__(self, dim: int, hidden: int, experts: int, *, stacked: bool = False) -> None:
+    def __init__(self, dim: int, hidden: int, experts: int, *, stacked: bool = False, residual: bool = True) -> None:
         super().__init__()
         self.num_experts = experts
+        self.residual = residual
         self.router = nn.Linear(dim, experts, bias=False)
         self.experts: nn.Module = (
             StackedExperts(experts, dim, hidden)
@@ -149,9 +173,10 @@ class MoE(nn.Module):
         return self.experts[e](x)  # type: ignore[index]
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x + Σ_e gate·expert_e(x)``, tokens grouped by expert with one permutation.
+        """``Σ_e gate·expert_e(x)`` (plus ``x`` with ``residual``), tokens grouped by expert
+        with one permutation.
 
-        One gather in, one gather out, and the residual inside the layer: every tensor
+        One gather in, one gather out, and any residual inside the layer: every tensor
         that gets gradients from more than two places gets them inside this module, in
         the same order with or without FSDP2's hooks at the unit's boundary, so the
         sharded model and the single-process reference sum them identically.
@@ -173,7 +198,7 @@ class MoE(nn.Module):
         out = torch.cat(outs)[torch.argsort(order)]
         if self.zero_sum:
             out = out + 0 * sum(p.sum() for p in self.experts.parameters())
-        return x + out
+        return x + out if self.residual else out
 
 
 class MoEModel(nn.Module):
@@ -188,116 +213,8 @@ class MoEModel(nn.Module):
         return self.moe(x + torch.tanh(self.dense(x)))
 
 
-def build_model(case: MoECase) -> MoEModel:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(case.seed)
-        return MoEModel(case.dim, case.hidden, case.experts, stacked=case.wrapping == "stacked")
-
-
-def shard_model(model: MoEModel, case: MoECase, mesh: Any) -> None:
-    """``fully_shard`` in the case's wrapping; ``rs_unused`` sets FSDP2's unused-parameter reduce-scatter."""
-    units: list[nn.Module] = [model.dense]
-    if case.wrapping == "per_expert":
-        units += list(model.moe.experts.children())
-    else:
-        units.append(model.moe)
-    for unit in units:
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    if case.variant == "rs_unused":
-        for m in model.modules():
-            if isinstance(m, FSDPModule):
-                m.set_reduce_scatter_unused_params(True)
-
-
-def configure(model: MoEModel, variant: Variant, empty: frozenset[int]) -> None:
-    model.moe.skip_empty = variant != "fixed"
-    model.moe.zero_sum = variant == "zero_sum"
-    model.moe.routing = empty
-
-
-def micro_batch(case: MoECase, rank: int, step: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    gen = torch.Generator().manual_seed(case.seed * 1_000_003 + 7919 * step + rank)
-    x = torch.randn(case.tokens, case.dim, generator=gen)
-    y = torch.randn(case.tokens, case.dim, generator=gen)
-    return x.to(device), y.to(device)
-
-
-def empty_on(case: MoECase, rank: int) -> frozenset[int]:
-    return frozenset(e for r, e in case.empty if r == rank)
-
-
-def _groups(model: nn.Module) -> list[dict[str, Any]]:
-    named = list(model.named_parameters())
-    muon = [(n, p) for n, p in named if p.ndim >= 2]
-    other = [(n, p) for n, p in named if p.ndim < 2]
-    return [
-        {"params": [p for _, p in muon], "param_names": [n for n, _ in muon], "use_muon": True},
-        {"params": [p for _, p in other], "param_names": [n for n, _ in other], "use_muon": False},
-    ]
-
-
-# -- the rank task --------------------------------------------------------------------------
-def run_moe_case(ctx: RankContext, payload: tuple[str, MoECase]) -> list[dict[str, Any]]:
-    """FSDP2 + the candidate optimizer on this rank's micro-batches, compared with the
-    single-process reference after every step (no collective outside FSDP2 and the optimizer)."""
-    gate, case = payload
-    device = torch.device(ctx.device)
-    ref_model = build_model(case).to(device)
-    model = copy.deepcopy(ref_model)
-    configure(ref_model, "fixed", frozenset())
-    configure(model, case.variant, empty_on(case, ctx.rank))
-    settings = dict(case.settings)
-    ref_opt = reference.Muon(_groups(ref_model), **settings)
-    shard_model(model, case, mesh_for(ctx, (case.world_size,)))
-    opt = load_object(case.candidate)(_groups(model), **settings)
-    tier = BITWISE if case.world_size <= 2 else reduction_order(case)
-    records: list[Comparison] = []
-    for step in range(case.steps):
-        ref_loss = _reference_grads(ref_model, case, step, device)
-        x, y = micro_batch(case, ctx.rank, step, device)
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        records.append(
-            compare(ref_loss[ctx.rank], loss.detach(), gate=gate, tensor="loss", step=step, rank=ctx.rank, tier=tier)
-        )
-        names = dict(model.named_parameters())
-        for name, ref_p in ref_model.named_parameters():
-            grad = names[name].grad
-            if grad is not None and ref_p.grad is not None:
-                records.append(compare_shard(gate, f"{name}.grad", step, ctx.rank, ref_p.grad, grad, tier))
-        ref_opt.step()
-        ref_opt.zero_grad()
-        opt.step()
-        opt.zero_grad()
-        for name, ref_p in ref_model.named_parameters():
-            p = names[name]
-            records.append(compare_shard(gate, name, step, ctx.rank, ref_p.detach(), p.detach(), tier))
-            for key in STATE_KEYS:
-                if key in ref_opt.state.get(ref_p, {}) and key in opt.state.get(p, {}):
-                    records.append(
-                        compare_shard(
-                            gate, f"{name}.{key}", step, ctx.rank, ref_opt.state[ref_p][key], opt.state[p][key], tier
-                        )
-                    )
-    return [r.to_record() for r in records]
-
-
-def _reference_grads(model: MoEModel, case: MoECase, step: int, device: torch.device) -> list[Tensor]:
-    """Per-rank losses of the reference; its ``.grad`` becomes the mean of the per-rank gradients."""
-    params = list(model.parameters())
-    total: list[Tensor] = [torch.zeros_like(p) for p in params]
-    losses = []
-    for rank in range(case.world_size):
-        model.moe.routing = empty_on(case, rank)
-        x, y = micro_batch(case, rank, step, device)
-        loss = F.mse_loss(model(x), y)
-        grads = torch.autograd.grad(loss, params)
-        total = [t + g for t, g in zip(total, grads, strict=True)]
-        losses.append(loss.detach())
-    for p, t in zip(params, total, strict=True):
-        p.grad = t / case.world_size
-    return losses
+def reduce_scatter_unused_available() -> bool:
+    return hasattr(FSDPModule, "set_reduce_scatter_unused_params")
 
 
 # -- what happened (parent side) -------------------------------------------------------------
@@ -346,6 +263,8 @@ def classify(outcome: CaseOutcome, records: Sequence[dict[str, Any]]) -> Classif
         )
     if failure.kind == "hang":
         return Classified("hang", f"{failure.message} ({secs:.1f} s); {_where(failure.stacks)}", secs)
+    if failure.kind == "died" and "Watchdog caught collective operation timeout" in failure.message:
+        return Classified("hang", f"rank {failure.rank}: NCCL's watchdog: {_reason(failure.message)}", secs)
     if failure.kind == "died":
         return Classified(
             "abort", f"rank {failure.rank} exit code {failure.exitcode}: {_reason(failure.message)}", secs

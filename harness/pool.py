@@ -169,6 +169,7 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
         timeout=timedelta(seconds=spec.pg_timeout_s),
     )
     groups, hsdp_groups = make_groups(spec.nproc)
+    _warm_up(spec, groups, hsdp_groups)
     conn.send(("ready", os.getpid()))
     while True:
         job: _Job | None = conn.recv()
@@ -184,6 +185,23 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
     log.flush()
     # Skip interpreter teardown: destroying an NCCL communicator can wait for peers.
     os._exit(0)
+
+
+def _warm_up(spec: _WorkerSpec, groups: Mapping[int, Any], hsdp_groups: Mapping[Any, tuple[Any, Any]]) -> None:
+    """One collective on every group of this rank and one matrix product, before "ready".
+
+    NCCL builds a communicator at its first collective and CUDA loads cuBLAS at the first
+    matmul; on a fresh pool that takes seconds. Done here, it counts against the start-up
+    timeout, not against the first case's deadline, where it would look like a hang.
+    """
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device(spec.device)
+    mine = [g for w, g in groups.items() if spec.rank < w] + [g for pair in hsdp_groups.values() for g in pair]
+    for group in mine:
+        dist.all_reduce(torch.ones(1, device=device), group=group)
+    (torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)).sum().item()
 
 
 class RankPool:

@@ -10,10 +10,11 @@ import pytest
 
 from harness.cases import DEFAULT_CANDIDATE, Case
 from harness.launcher import LauncherGroup
-from harness.moe import HANG_DEADLINE_S, Classified, MoECase, classify, run_moe_case
+from harness.moe import HANG_DEADLINE_S, Classified, MoECase, classify
 from harness.plugins import Impl, UnsupportedConvention
 from harness.pool import CaseOutcome, RankContext, RankPool
 from harness.tasks import run_backward_case, run_optimizer_case, run_orthogonalize_case
+from harness.training import TrainingSpec, run_training_case
 from reports.stream import ResultStream
 
 
@@ -36,11 +37,11 @@ class GateRunner:
         "optimizer": run_optimizer_case,
         "orthogonalize": run_orthogonalize_case,
         "backward": run_backward_case,
-        "moe": run_moe_case,
+        "training": run_training_case,
     }
 
     def outcome(
-        self, gate: str, case: Case | MoECase, *, record: bool = True, task: str = "optimizer"
+        self, gate: str, case: Case | TrainingSpec, *, record: bool = True, task: str = "optimizer"
     ) -> tuple[CaseOutcome, list[dict[str, Any]]]:
         """Runs the case and (with ``record``) streams its records; returns the outcome and records.
 
@@ -51,14 +52,16 @@ class GateRunner:
         if case.world_size > self.pool.nproc:
             raise ValueError(f"{case.describe()} needs {case.world_size} ranks; the pool has --nproc {self.pool.nproc}")
         outcome = self.pool.run(self.TASKS[task], (gate, case), world_size=case.world_size)
-        records = [r for per_rank in outcome.results if per_rank for r in per_rank]
+        records = comparison_records(outcome)
         described = case.describe()
         for r in records if record else ():
             self.stream.write({"kind": "comparison", **r, "case": described, "case_seconds": outcome.seconds})
         return outcome, records
 
-    def check(self, gate: str, case: Case | MoECase, *, task: str = "optimizer") -> list[dict[str, Any]]:
-        """Runs the case; raises ``GateFailure`` with the failing figures unless every comparison passed."""
+    def check(self, gate: str, case: Case | TrainingSpec, *, task: str = "optimizer") -> CaseOutcome:
+        """Runs the case; raises ``GateFailure`` with the failing figures unless every comparison passed.
+
+        Returns the outcome: each rank's result, as the task returned it."""
         case = self._resolve(case)
         outcome, records = self.outcome(gate, case, task=task)
         message = verdict_message(case, outcome, records)
@@ -78,7 +81,20 @@ class GateRunner:
             self.on_case(gate, message is None)
         if message is not None:
             raise GateFailure(f"{message}\n{case.describe()}")
-        return records
+        return outcome
+
+    def train(self, gate: str, case: TrainingSpec) -> dict[str, Any]:
+        """Runs a training gate (raises like ``check``) and records its loss curve for the report.
+
+        Returns rank 0's figures: ``train_bits`` (mean per-rank training loss at each step, in
+        bits per byte) and ``held_out_bits`` (before and after training)."""
+        outcome = self.check(gate, case, task="training")
+        figures: dict[str, Any] = {k: v for k, v in outcome.results[0].items() if k != "records"}
+        self.stream.write(
+            {"kind": "training", "gate": gate, "case": case.describe(), "world_size": case.world_size, **figures},
+            sync=True,
+        )
+        return figures
 
     def reproduce(self, gate: str, case: MoECase, *, env: dict[str, str] | None = None) -> Classified:
         """Runs an MoE scenario that may hang, abort or corrupt, and records what it did.
@@ -90,9 +106,9 @@ class GateRunner:
         if self.launcher or not isinstance(self.pool, RankPool):
             pytest.skip("reproducing a hang or an abort needs the rank pool: torchrun cannot replace a lost rank")
         outcome = self.pool.run(
-            run_moe_case, (gate, case), world_size=case.world_size, timeout_s=HANG_DEADLINE_S, env=env
+            run_training_case, (gate, case), world_size=case.world_size, timeout_s=HANG_DEADLINE_S, env=env
         )
-        records = [r for per_rank in outcome.results if per_rank for r in per_rank]
+        records = comparison_records(outcome)
         verdict = classify(outcome, records)
         self.stream.write(
             {
@@ -118,7 +134,7 @@ class GateRunner:
     def __repr__(self) -> str:  # hypothesis prints it in every failing example
         return f"GateRunner(nproc={self.pool.nproc}, impl={self.impl.spec if self.impl else None!r})"
 
-    def _resolve(self, case: Case | MoECase) -> Case | MoECase:
+    def _resolve(self, case: Case | TrainingSpec) -> Case | TrainingSpec:
         if self.impl is None or not isinstance(case, Case) or case.candidate != DEFAULT_CANDIDATE:
             return case
         try:
@@ -127,7 +143,13 @@ class GateRunner:
             pytest.skip(str(e))
 
 
-def verdict_message(case: Case | MoECase, outcome: CaseOutcome, records: list[dict[str, Any]]) -> str | None:
+def comparison_records(outcome: CaseOutcome) -> list[dict[str, Any]]:
+    """Every rank's comparison records; a task returns a list of them or a dict with ``records``."""
+    per_rank = [r["records"] if isinstance(r, dict) else r for r in outcome.results if r]
+    return [record for records in per_rank for record in records]
+
+
+def verdict_message(case: Case | TrainingSpec, outcome: CaseOutcome, records: list[dict[str, Any]]) -> str | None:
     """``None`` when the case passed; otherwise what went wrong, worst comparison first."""
     if outcome.failure is not None:
         return outcome.failure.describe()

@@ -80,6 +80,38 @@ def _spectrum(record: dict[str, Any]) -> str:
     )
 
 
+def _loss_curve(record: dict[str, Any]) -> str:
+    """Training bits per byte at each step, and the held-out figure before and after."""
+    width, height, pad = 420, 180, 34
+    values = [float(v) for v in record["train_bits"]]
+    held = [float(v) for v in record.get("held_out_bits", []) if v is not None]
+    lo, hi = min(values + held), max(values + held)
+    span = (hi - lo) or 1.0
+
+    def x(i: float) -> float:
+        return pad + (width - 2 * pad) * (i / max(1, len(values) - 1))
+
+    def y(v: float) -> float:
+        return pad + (height - 2 * pad) * (1 - (v - lo) / span)
+
+    points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
+    dots = "".join(
+        f'<circle cx="{x(i * (len(values) - 1)):.1f}" cy="{y(v):.1f}" r="4" fill="#c62828"/>'
+        for i, v in enumerate(held)
+    )
+    label = f"{record['gate']}: {record['case']}"
+    return (
+        f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(label)}">'
+        f'<polyline points="{points}" fill="none" stroke="#1565c0" stroke-width="2"/>{dots}'
+        f'<text x="{pad}" y="14" font-size="11">{html.escape(label[:70])}</text>'
+        f'<text x="{pad - 4}" y="{y(hi) + 3:.1f}" font-size="10" text-anchor="end">{hi:.2f}</text>'
+        f'<text x="{pad - 4}" y="{y(lo) + 3:.1f}" font-size="10" text-anchor="end">{lo:.2f}</text>'
+        f'<text x="{width - pad}" y="{height - 6}" font-size="10" text-anchor="end">'
+        f"step {len(values) - 1}; line: training bits/byte, dots: held-out</text>"
+        "</svg>"
+    )
+
+
 def page(summary: RunSummary, tables_html: str, records: list[dict[str, Any]]) -> str:
     """The whole report page: the rich tables, then the pictures."""
     by_gate: dict[str, Counter[str]] = {}
@@ -89,6 +121,7 @@ def page(summary: RunSummary, tables_html: str, records: list[dict[str, Any]]) -
     spectra = [r for r in records if r.get("kind") == "spectrum"]
     histograms = "".join(f"<figure>{_histogram(g, c)}</figure>" for g, c in sorted(by_gate.items()))
     spectrum_svgs = "".join(f"<figure>{_spectrum(r)}</figure>" for r in spectra[:24])
+    curves = "".join(f"<figure>{_loss_curve(r)}</figure>" for r in summary.training if r.get("train_bits"))
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>muongate equivalence report</title>"
         "<style>body{font-family:sans-serif;margin:1.5em}figure{display:inline-block;margin:.5em}"
@@ -97,6 +130,8 @@ def page(summary: RunSummary, tables_html: str, records: list[dict[str, Any]]) -
         f"{tables_html}"
         "<h2>max|diff| per gate</h2>"
         f"{histograms or '<p>no comparisons recorded</p>'}"
+        "<h2>Training loss (bits per byte)</h2>"
+        f"{curves or '<p>no training recorded</p>'}"
         "<h2>Orthogonalized spectra against the float64 polar factor</h2>"
         f"{spectrum_svgs or '<p>no spectra recorded</p>'}"
         "</body></html>"

@@ -42,6 +42,7 @@ class RunSummary:
     negative_controls: list[dict[str, Any]] = field(default_factory=list)
     skips: list[dict[str, Any]] = field(default_factory=list)
     scenarios: list[dict[str, Any]] = field(default_factory=list)
+    training: list[dict[str, Any]] = field(default_factory=list)
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
@@ -56,6 +57,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
     controls: list[dict[str, Any]] = []
     skips: list[dict[str, Any]] = []
     scenarios: list[dict[str, Any]] = []
+    training: list[dict[str, Any]] = []
     for r in records:
         kind = r.get("kind")
         if kind == "header":
@@ -69,6 +71,9 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
             continue
         if kind == "scenario":
             scenarios.append(r)
+            continue
+        if kind == "training":
+            training.append(r)
             continue
         if kind not in ("case", "comparison"):
             continue
@@ -90,7 +95,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
                 g.tolerance_passes += 1
             g.worst_abs_diff = max(g.worst_abs_diff, r["max_abs_diff"])
             g.worst_ulp = max(g.worst_ulp, r["max_ulp"])
-    return RunSummary(header, gates, list(last_failure.values()), controls, skips, scenarios)
+    return RunSummary(header, gates, list(last_failure.values()), controls, skips, scenarios, training)
 
 
 def _fmt(x: float) -> str:
@@ -106,6 +111,17 @@ def scenario_row(r: dict[str, Any]) -> tuple[str, str, str, str, str]:
     env = " ".join(f"{k}={v}" for k, v in r.get("env", {}).items())
     name = f"{r['scenario']} [{r['wrapping']} units, {r['variant']} model{', ' + env if env else ''}]"
     return r["gate"], name, r["outcome"], f"{r.get('seconds', 0.0):.1f}", r.get("detail", "")
+
+
+TRAINING_COLUMNS = ("gate", "case", "steps", "train bits/byte", "held-out bits/byte")
+
+
+def training_row(r: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A training record as the report's columns: first → last of each curve."""
+    train = r.get("train_bits") or []
+    held = [v for v in r.get("held_out_bits") or [] if v is not None]
+    fmt = lambda vs: f"{vs[0]:.3f} → {vs[-1]:.3f}" if vs else "–"  # noqa: E731
+    return r["gate"], r["case"], str(len(train)), fmt(train), fmt(held)
 
 
 def render(summary: RunSummary) -> Group:
@@ -160,6 +176,15 @@ def render(summary: RunSummary) -> Group:
             gate, name, outcome, seconds, detail = scenario_row(r)
             table.add_row(gate, name, Text(outcome, style=_OUTCOME_STYLE.get(outcome, "yellow")), seconds, detail[:400])
         parts.append(table)
+    if summary.training:
+        table = Table(
+            title="training (FSDP2 + sharded Muon; the reference's figures, equal bit for bit)", title_justify="left"
+        )
+        for col in TRAINING_COLUMNS:
+            table.add_column(col, justify="left" if col in ("gate", "case") else "right")
+        for r in summary.training:
+            table.add_row(*training_row(r))
+        parts.append(table)
     for f in summary.failures:
         tried = summary.gates[f["gate"]].failed_cases
         parts.append(
@@ -210,6 +235,9 @@ def to_markdown(summary: RunSummary) -> str:
         for r in summary.scenarios:
             cells = [c.replace("|", "\\|").replace("\n", " ") for c in scenario_row(r)]
             lines.append("| " + " | ".join(cells) + " |")
+    if summary.training:
+        lines += ["", "## Training", "", "| " + " | ".join(TRAINING_COLUMNS) + " |", "|---|---|---:|---:|---:|"]
+        lines += ["| " + " | ".join(training_row(r)) + " |" for r in summary.training]
     for f in summary.failures:
         lines += ["", f"**FAILED** `{f['gate']}`: `{f.get('case', '')}`", "", "```", f.get("message", "")[:2000], "```"]
         if f.get("reproduce"):

@@ -1,14 +1,12 @@
-"""Claims about the MoE model and the outcome classifier, without a process group."""
+"""Claims about the MoE and transformer models, the text data and the outcome classifier, without a process group."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.moe import MoECase, build_model, classify, configure, round_robin
+from harness.moe import MoECase, classify, round_robin
 from harness.pool import CaseOutcome, RankFailure
-
-CASE = MoECase("x", "per_expert", "fixed", ())
 
 
 def test_round_robin_moves_tokens_of_empty_experts_to_the_next_allowed_one():
@@ -25,8 +23,8 @@ def test_empty_batch_changes_no_numerics_in_one_process(wrapping):
     x = torch.randn(12, case.dim, generator=torch.Generator().manual_seed(1))
     results = []
     for variant in ("fixed", "naive"):
-        model = build_model(case)
-        configure(model, variant, frozenset({2}))
+        model = case.build()
+        model.moe.skip_empty, model.moe.routing = variant == "naive", frozenset({2})
         model(x).square().sum().backward()
         results.append(
             [model(x).detach()] + [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
@@ -73,3 +71,22 @@ def test_classifier_reads_each_ranks_own_collective_from_the_detail_wrapper():
         {"rank": 0, "sequence": 7, "op": "_ALLGATHER_BASE", "shape": "128"},
     )
     assert verdict.detail == "rank 1: #7 _REDUCE_SCATTER_BASE [256]; rank 0: #7 _ALLGATHER_BASE [128]"
+
+
+def test_text_corpus_ships_with_python_and_splits_90_10():
+    from harness.transformer import corpus, split
+
+    assert len(corpus()) > 100_000
+    train, held = split("train"), split("held_out")
+    assert len(train) + len(held) == len(corpus()) and abs(len(held) / len(corpus()) - 0.1) < 1e-3
+    assert int(train.max()) < 256
+
+
+def test_transformer_loss_starts_near_eight_bits_per_byte():
+    import math
+
+    from harness.transformer import TransformerCase
+
+    case = TransformerCase("x")
+    bits = case.loss(case.build(), 0, 0, torch.device("cpu")).item() / math.log(2)
+    assert 7.5 < bits < 9.0

@@ -1,0 +1,68 @@
+"""Claims: FSDP2 + the sharded Muon trains a small transformer exactly like one process, and it learns.
+
+Both sides compute their own gradients (``harness.training``): the sharded model on each
+rank's micro-batch, the single-process reference on every rank's micro-batch, stepping on
+their mean. Losses, gradients, parameters and optimizer state are compared after every
+step: bitwise on 2 ranks (FSDP2 averages two gradients, which is order-independent), the
+``reduction_order`` tolerance tier beyond. The data is Python's own documentation text
+(``harness.transformer``), one token per byte, so losses are reported in bits per byte.
+
+A gate that a model which does not learn could pass would prove little, so the
+held-out bits per byte must fall; and a planted off-by-one shard boundary in the
+distributed step must fail the gate (this family's negative control).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from gates.negative_controls import NEGATIVE_CONTROLS
+from harness.runner import verdict_message
+from harness.transformer import TransformerCase
+
+pytestmark = pytest.mark.gate
+
+NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
+
+CASES = {
+    "dense": TransformerCase("dense MLP, separate Q K V", steps=12),
+    "dense-fused-qkv": TransformerCase("dense MLP, fused QKV", fused_qkv=True, steps=12),
+    "moe": TransformerCase("MoE MLP (fixed), learned routing", mlp="moe", steps=12),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_training_matches_single_process_reference_at_every_step(gate_runner: Any, name: str) -> None:
+    case = CASES[name]
+    gate_runner.train("training", case if NPROC == 2 else _on(case, min(NPROC, 4)))
+
+
+def test_training_learns_held_out_bits_per_byte_fall(gate_runner: Any) -> None:
+    case = TransformerCase("learning check, dense MLP", steps=30)
+    start, end = gate_runner.train("training:learns", case)["held_out_bits"]
+    assert end < start - 1.0, f"held-out bits per byte went from {start:.3f} to {end:.3f}: the model did not learn"
+
+
+def test_training_gate_catches_off_by_one_shard_boundary(gate_runner: Any) -> None:
+    planted = TransformerCase("planted off-by-one rows", steps=2, candidate=NEGATIVE_CONTROLS["OffByOneRowsMuon"])
+    outcome, records = gate_runner.outcome("negative:training-off-by-one", planted, record=False, task="training")
+    message = verdict_message(planted, outcome, records)
+    gate_runner.stream.write(
+        {
+            "kind": "negative_control",
+            "gate": "negative:training:OffByOneRowsMuon",
+            "detected": message is not None,
+            "case": planted.describe(),
+        },
+        sync=True,
+    )
+    assert message is not None, "the training gate passed a sharded Muon that keeps the wrong rows"
+
+
+def _on(case: TransformerCase, world: int) -> TransformerCase:
+    from dataclasses import replace
+
+    return replace(case, world_size=world)

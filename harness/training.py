@@ -1,0 +1,156 @@
+"""Training-level claims: FSDP2 + a sharded optimizer trains a model exactly like one process.
+
+Optimizer gates feed identical gradients; here both sides compute them. Every rank builds
+the same model from the case's seed and keeps two copies: one under ``fully_shard`` with
+the candidate optimizer, trained on this rank's micro-batch, and a single-process
+reference with ``reference.Muon``, which runs every rank's micro-batch itself and steps on
+the mean of their gradients, as FSDP2's reduce-scatter does. After every step the loss,
+every gradient, every parameter and every optimizer state tensor is compared on this
+rank's shard (no collective outside FSDP2 and the optimizer, so a wrong model cannot make
+the comparison itself hang).
+
+On 2 ranks FSDP2 averages two gradients, which is order-independent, so the verdict is
+bitwise. Beyond 2 ranks FSDP2 sums in its own order; the tier is ``reduction_order``.
+
+A ``TrainingSpec`` says what to train: ``harness.moe.MoECase`` (the MoE deadlock model)
+and ``harness.transformer.TransformerCase`` (a small decoder-only transformer on text).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+import reference
+from harness.compare import BITWISE, Comparison, Tier, compare
+from harness.pool import RankContext
+from harness.tasks import STATE_KEYS, compare_shard, load_object, mesh_for
+
+
+class TrainingSpec(Protocol):
+    """A model, how FSDP2 wraps it, and each rank's micro-batch loss; frozen and picklable."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def candidate(self) -> str: ...
+
+    @property
+    def settings(self) -> tuple[tuple[str, Any], ...]: ...
+
+    def build(self) -> nn.Module: ...
+
+    def shard(self, model: nn.Module, mesh: Any) -> None: ...
+
+    def loss(self, model: nn.Module, rank: int, step: int, device: torch.device) -> Tensor:
+        """The loss of ``rank``'s micro-batch on ``step`` (sets any per-rank model state first)."""
+        ...
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> float | None:
+        """Held-out bits per byte (or ``None`` where it means nothing), on the reference."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+def reduction_order(spec: TrainingSpec) -> Tier:
+    """The tier beyond 2 ranks, where FSDP2 sums the per-rank gradients in its own order."""
+    lr = float(dict(spec.settings).get("lr", reference.MUON_DEFAULTS["lr"]))
+    return Tier(
+        "reduction_order",
+        "tolerance",
+        f"{spec.world_size} ranks: FSDP2 sums per-rank gradients in its own order, the reference in rank order; "
+        "a last-bit difference in a gradient can move one bf16 rounding inside Newton-Schulz, about "
+        "lr * 2^-7 per element per step",
+        atol=spec.steps * lr * 2**-7,
+        rtol=1e-5,
+    )
+
+
+def param_groups(model: nn.Module, adamw: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Muon for hidden matrices (2-D and 3-D), AdamW for vectors and the modules named in ``adamw``."""
+    muon: list[tuple[str, nn.Parameter]] = []
+    other: list[tuple[str, nn.Parameter]] = []
+    for name, p in model.named_parameters():
+        by_adamw = p.ndim < 2 or any(name == m or name.startswith(m + ".") for m in adamw)
+        (other if by_adamw else muon).append((name, p))
+    return [
+        {"params": [p for _, p in ps], "param_names": [n for n, _ in ps], "use_muon": use_muon}
+        for use_muon, ps in ((True, muon), (False, other))
+        if ps
+    ]
+
+
+def run_training_case(ctx: RankContext, payload: tuple[str, TrainingSpec]) -> dict[str, Any]:
+    """Trains both sides ``spec.steps`` steps; returns the comparison records and the loss curve
+    (the mean of the per-rank losses at each step, in bits per byte where the spec's loss is per byte)."""
+    gate, spec = payload
+    device = torch.device(ctx.device)
+    ref_model = spec.build().to(device)
+    model = copy.deepcopy(ref_model)
+    settings = dict(spec.settings)
+    ref_opt = reference.Muon(param_groups_of(spec, ref_model), **settings)
+    spec.shard(model, mesh_for(ctx, (spec.world_size,)))
+    opt = load_object(spec.candidate)(param_groups_of(spec, model), **settings)
+    tier = BITWISE if spec.world_size <= 2 else reduction_order(spec)
+    records: list[Comparison] = []
+    curve: list[float] = []
+    held_out = [spec.evaluate(ref_model, device)]
+    names = dict(model.named_parameters())
+    for step in range(spec.steps):
+        ref_losses = _reference_step_grads(ref_model, spec, step, device)
+        curve.append(float(sum(ref_losses)) / len(ref_losses) / math.log(2))
+        loss = spec.loss(model, ctx.rank, step, device)
+        loss.backward()
+        records.append(
+            compare(ref_losses[ctx.rank], loss.detach(), gate=gate, tensor="loss", step=step, rank=ctx.rank, tier=tier)
+        )
+        for name, ref_p in ref_model.named_parameters():
+            grad = names[name].grad
+            if grad is not None and ref_p.grad is not None:
+                records.append(compare_shard(gate, f"{name}.grad", step, ctx.rank, ref_p.grad, grad, tier))
+        ref_opt.step()
+        ref_opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        for name, ref_p in ref_model.named_parameters():
+            p = names[name]
+            records.append(compare_shard(gate, name, step, ctx.rank, ref_p.detach(), p.detach(), tier))
+            ref_state, state = ref_opt.state.get(ref_p, {}), opt.state.get(p, {})
+            for key in STATE_KEYS:
+                if key in ref_state and key in state:
+                    records.append(
+                        compare_shard(gate, f"{name}.{key}", step, ctx.rank, ref_state[key], state[key], tier)
+                    )
+    held_out.append(spec.evaluate(ref_model, device))
+    return {"records": [r.to_record() for r in records], "train_bits": curve, "held_out_bits": held_out}
+
+
+def param_groups_of(spec: TrainingSpec, model: nn.Module) -> list[dict[str, Any]]:
+    return param_groups(model, getattr(spec, "adamw_modules", ()))
+
+
+def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, device: torch.device) -> list[Tensor]:
+    """Each rank's loss on the reference; ``.grad`` becomes the mean of the per-rank gradients."""
+    params = list(model.parameters())
+    total = [torch.zeros_like(p) for p in params]
+    losses = []
+    for rank in range(spec.world_size):
+        loss = spec.loss(model, rank, step, device)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        total = [t if g is None else t + g for t, g in zip(total, grads, strict=True)]
+        losses.append(loss.detach())
+    for p, t in zip(params, total, strict=True):
+        p.grad = t / spec.world_size
+    return losses

@@ -1,0 +1,166 @@
+"""A small decoder-only transformer trained on text that ships with Python.
+
+Data: the documentation topics in the standard library's ``pydoc_data.topics`` (about
+460 KB of English and code), as UTF-8 bytes, one token per byte (vocabulary 256), so a
+loss in nats per token divided by ln 2 is bits per byte. The first 90% of the bytes
+train, the last 10% are held out. Nothing is downloaded. The text differs slightly
+between Python versions; both sides of a comparison always run on the same one.
+
+Model: token embedding, ``layers`` pre-norm blocks (causal self-attention written out
+with matmuls, so it is deterministic on every device, then an MLP), a final norm and an
+untied head. Q, K and V are separate ``[d, d]`` matrices, or one fused ``[3d, d]`` matrix
+with ``fused_qkv``: Muon orthogonalizes a fused QKV as one matrix, which is a different
+optimizer step, and the report says which ran. The MLP is dense, or the MoE layer of
+``harness.moe`` with its fix (every expert runs, on an empty batch where it has no
+tokens), routed by its own learned top-1 router, so experts do go empty on a rank.
+
+FSDP2 wraps each block and then the whole model. Muon takes the hidden matrices; AdamW
+takes the embedding, the head and the norms.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.fsdp import fully_shard
+
+from harness.moe import MoE
+
+Mlp = Literal["dense", "moe"]
+
+
+@functools.cache
+def corpus() -> bytes:
+    from pydoc_data.topics import topics
+
+    return "".join(topics[k] for k in sorted(topics)).encode("utf-8")
+
+
+def split(part: Literal["train", "held_out"]) -> Tensor:
+    data = torch.frombuffer(bytearray(corpus()), dtype=torch.uint8).long()
+    cut = int(len(data) * 0.9)
+    return data[:cut] if part == "train" else data[cut:]
+
+
+@dataclass(frozen=True)
+class TransformerCase:
+    """What to train and how: model shape, MLP kind, QKV layout, ranks, steps, settings."""
+
+    name: str
+    mlp: Mlp = "dense"
+    fused_qkv: bool = False
+    world_size: int = 2
+    steps: int = 4
+    seed: int = 0
+    dim: int = 32
+    heads: int = 2
+    layers: int = 2
+    seq: int = 32
+    batch: int = 4
+    experts: int = 4
+    candidate: str = "distributed_impl:ShardedMuon"
+    settings: tuple[tuple[str, Any], ...] = field(
+        default=(("lr", 0.02), ("weight_decay", 0.01), ("adamw_lr", 3e-3), ("adamw_weight_decay", 0.01))
+    )
+    adamw_modules: tuple[str, ...] = ("embed", "head")
+
+    def describe(self) -> str:
+        qkv = "fused QKV [3d, d]" if self.fused_qkv else "separate Q, K, V [d, d]"
+        return (
+            f"TransformerCase({self.name}: {self.layers} layers, d={self.dim}, {self.heads} heads, {self.mlp} MLP, "
+            f"{qkv}, world={self.world_size}, steps={self.steps}, batch {self.batch}x{self.seq} bytes per rank, "
+            f"seed={self.seed}, candidate={self.candidate})"
+        )
+
+    # -- harness.training.TrainingSpec --
+    def build(self) -> Transformer:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return Transformer(self)
+
+    def shard(self, model: nn.Module, mesh: Any) -> None:
+        assert isinstance(model, Transformer)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    def loss(self, model: nn.Module, rank: int, step: int, device: torch.device) -> Tensor:
+        """Cross-entropy (nats per byte) on ``rank``'s micro-batch of ``step``: ``batch``
+        windows of the training bytes at offsets drawn from (seed, step, rank)."""
+        data = split("train")
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * step + rank)
+        starts = torch.randint(0, len(data) - self.seq - 1, (self.batch,), generator=gen)
+        windows = torch.stack([data[s : s + self.seq + 1] for s in starts.tolist()]).to(device)
+        logits = model(windows[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, 256), windows[:, 1:].reshape(-1))
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, device: torch.device) -> float:
+        """Bits per byte on the first 16 windows of the held-out bytes."""
+        data = split("held_out")
+        windows = data[: 16 * (self.seq + 1)].view(16, self.seq + 1).to(device)
+        logits = model(windows[:, :-1])
+        return float(F.cross_entropy(logits.reshape(-1, 256), windows[:, 1:].reshape(-1))) / math.log(2)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, fused_qkv: bool) -> None:
+        super().__init__()
+        self.heads = heads
+        if fused_qkv:
+            self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        else:
+            self.q = nn.Linear(dim, dim, bias=False)
+            self.k = nn.Linear(dim, dim, bias=False)
+            self.v = nn.Linear(dim, dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1) if hasattr(self, "qkv") else (self.q(x), self.k(x), self.v(x))
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        y = scores.masked_fill(causal, float("-inf")).softmax(dim=-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, case: TransformerCase) -> None:
+        super().__init__()
+        d = case.dim
+        self.norm1 = nn.RMSNorm(d)
+        self.attn = Attention(d, case.heads, case.fused_qkv)
+        self.norm2 = nn.RMSNorm(d)
+        self.mlp: nn.Module
+        if case.mlp == "moe":
+            self.mlp = MoE(d, 2 * d, case.experts, residual=False)
+        else:
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=False), nn.GELU(), nn.Linear(4 * d, d, bias=False))
+
+    def forward(self, h: Tensor) -> Tensor:
+        h = h + self.attn(self.norm1(h))
+        if isinstance(self.mlp, MoE):
+            return h + self.mlp(self.norm2(h).flatten(0, 1)).view_as(h)
+        return h + self.mlp(self.norm2(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, case: TransformerCase) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(256, case.dim)
+        self.blocks = nn.ModuleList(Block(case) for _ in range(case.layers))
+        self.norm = nn.RMSNorm(case.dim)
+        self.head = nn.Linear(case.dim, 256, bias=False)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        h = self.embed(tokens)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
