@@ -154,3 +154,40 @@ def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, devic
     for p, t in zip(params, total, strict=True):
         p.grad = t / spec.world_size
     return losses
+
+
+# -- training for its own sake (``python -m harness.train``) ---------------------------------
+_RUNS: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+
+
+def train_steps(ctx: RankContext, payload: tuple[str, TrainingSpec, int, int]) -> dict[str, Any]:
+    """Steps ``first .. first + count - 1`` of run ``run_id`` with FSDP2 + the candidate only.
+
+    The model and optimizer stay in this rank process between calls (one run at a time),
+    so the parent can show progress between chunks. Returns the mean over ranks of the
+    training loss at each step and the held-out figure after the last one, in bits per byte.
+    """
+    import torch.distributed as dist
+
+    run_id, spec, first, count = payload
+    device = torch.device(ctx.device)
+    if run_id not in _RUNS:
+        _RUNS.clear()
+        model = spec.build().to(device)
+        spec.shard(model, mesh_for(ctx, (spec.world_size,)))
+        opt = load_object(spec.candidate)(param_groups_of(spec, model), **dict(spec.settings))
+        _RUNS[run_id] = (model, opt)
+    model, opt = _RUNS[run_id]
+    losses = []
+    for step in range(first, first + count):
+        loss = spec.loss(model, ctx.rank, step, device)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    bits: list[float] = []
+    if losses:
+        mean = torch.stack(losses)
+        dist.all_reduce(mean, group=ctx.group)
+        bits = (mean / spec.world_size / math.log(2)).tolist()
+    return {"train_bits": bits, "held_out_bits": spec.evaluate(model, device)}

@@ -72,8 +72,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
         if kind == "scenario":
             scenarios.append(r)
             continue
-        if kind == "training":
-            training.append(r)
+        if kind == "training":  # a run writes its curve after every chunk: keep the latest
+            training = [t for t in training if (t["gate"], t["case"]) != (r["gate"], r["case"])] + [r]
             continue
         if kind not in ("case", "comparison"):
             continue
