@@ -14,8 +14,8 @@
 4. The alternatives users try are evaluated and their verdicts recorded.
 
 The outcome of a naive run depends on the collective library: gloo checks sizes and
-aborts, NCCL does not. ``EXPECTED`` holds what was measured per backend; a backend not
-listed must still fail, in any of the classes.
+aborts, NCCL does not. ``REPRODUCTIONS`` holds what was measured per backend; a backend
+not listed must still fail, in any of the classes.
 
 The silent-corruption scenario doubles as this family's negative control: it is a
 known-wrong model that finishes cleanly, and the gate must catch it by comparison.
@@ -34,15 +34,16 @@ pytestmark = pytest.mark.gate
 
 DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
-#: name → (naive scenario, expected outcome per backend)
+#: name → (naive scenario, expected outcome per backend, as measured)
 REPRODUCTIONS: dict[str, tuple[MoECase, dict[str, str]]] = {
     "hang": (
         MoECase("per-expert units, rank 1 sends no tokens to expert 3", "per_expert", "naive", ((1, 3),)),
-        {"gloo": "hang"},
+        {"gloo": "hang", "nccl": "hang"},
     ),
     "abort": (
         MoECase("one unit for the layer, rank 1 sends no tokens to expert 3", "layer", "naive", ((1, 3),)),
-        {"gloo": "abort"},
+        # gloo checks the reduce-scatter's size and aborts; NCCL does not check and waits.
+        {"gloo": "abort", "nccl": "hang"},
     ),
     "silent-corruption": (
         MoECase(
@@ -51,31 +52,34 @@ REPRODUCTIONS: dict[str, tuple[MoECase, dict[str, str]]] = {
             "naive",
             ((0, 1), (1, 2)),
         ),
-        {"gloo": "silent corruption"},
+        {"gloo": "silent corruption", "nccl": "silent corruption"},
     ),
 }
 
-#: name → (scenario, expected outcome per backend); "completed" means bitwise equal to the reference.
-ALTERNATIVES: dict[str, tuple[MoECase, dict[str, str]]] = {
+#: name → (scenario, the outcomes measured on gloo and NCCL); "completed" means bitwise equal
+#: to the reference. Adding ``0 * sum(expert params)`` with per-expert units touches sharded
+#: parameters outside their unit's forward: torch 2.13 turns the sum into a collective that
+#: the peer never joins (a hang), torch 2.11 rejects mixing Tensor and DTensor (an error).
+ALTERNATIVES: dict[str, tuple[MoECase, set[str]]] = {
     "zero-sum-per-expert": (
         MoECase("0 * sum(expert params) added, per-expert units", "per_expert", "zero_sum", ((1, 3),)),
-        {"gloo": "hang"},
+        {"hang", "error"},
     ),
     "zero-sum-layer": (
         MoECase("0 * sum(expert params) added, one unit for the layer", "layer", "zero_sum", ((1, 3),)),
-        {"gloo": "completed"},
+        {"completed"},
     ),
     "reduce-scatter-unused-per-expert": (
         MoECase("set_reduce_scatter_unused_params, per-expert units", "per_expert", "rs_unused", ((1, 3),)),
-        {"gloo": "hang"},
+        {"hang"},
     ),
     "reduce-scatter-unused-layer": (
         MoECase("set_reduce_scatter_unused_params, one unit for the layer", "layer", "rs_unused", ((1, 3),)),
-        {"gloo": "completed"},
+        {"completed"},
     ),
     "stacked-experts": (
         MoECase("stacked experts (one 3-D parameter), naive routing", "stacked", "naive", ((1, 3),)),
-        {"gloo": "completed"},
+        {"completed"},
     ),
 }
 
@@ -110,16 +114,22 @@ def test_naive_moe_reproduces_failure_then_fixed_model_completes(gate_runner: An
     gate_runner.check("moe:fixed", case.with_variant("fixed"), task="training")
 
 
-@pytest.mark.parametrize("name", list(REPRODUCTIONS))
-def test_detail_rerun_names_mismatched_collectives_but_not_silent_corruption(gate_runner: Any, name: str) -> None:
-    case, expected = REPRODUCTIONS[name]
+@pytest.mark.parametrize("name", ["hang", "abort"])
+def test_detail_rerun_names_each_ranks_mismatched_collective(gate_runner: Any, name: str) -> None:
+    case, _ = REPRODUCTIONS[name]
     verdict = gate_runner.reproduce("moe:diagnose", case, env=DETAIL)
-    if expected.get(_backend(gate_runner)) == "silent corruption":
-        assert verdict.outcome == "silent corruption", verdict.detail
-        return
     assert verdict.outcome == "collective mismatch", verdict.detail
     assert {c["rank"] for c in verdict.collectives} == set(range(case.world_size)), verdict.detail
     assert all(c["op"] for c in verdict.collectives), verdict.detail
+
+
+def test_detail_rerun_does_not_see_silent_corruption(gate_runner: Any) -> None:
+    """Its collectives agree in operation and shape. (On NCCL the DETAIL wrapper then fails
+    in the optimizer: it lacks the coalesced all-gather; that is recorded too.)"""
+    case, _ = REPRODUCTIONS["silent-corruption"]
+    verdict = gate_runner.reproduce("moe:diagnose", case, env=DETAIL)
+    assert verdict.outcome != "collective mismatch", verdict.detail
+    assert verdict.outcome != "completed", f"lost reproduction: {case.describe()}"
 
 
 @pytest.mark.parametrize("name", list(ALTERNATIVES))
@@ -128,10 +138,9 @@ def test_alternative_fix_verdict_is_recorded(gate_runner: Any, name: str) -> Non
     if case.variant == "rs_unused" and not reduce_scatter_unused_available():
         pytest.skip(f"not available: FSDP2 in torch {torch.__version__} has no set_reduce_scatter_unused_params")
     verdict = gate_runner.reproduce("moe:alternative", case)
-    assert verdict.outcome != "error", f"{case.describe()} failed in an unexpected way: {verdict.detail}"
-    want = expected.get(_backend(gate_runner))
-    if want is not None:
-        assert verdict.outcome == want, f"{case.name}: expected {want}, got {verdict.outcome}: {verdict.detail}"
+    assert verdict.outcome in expected, (
+        f"{case.name}: expected {sorted(expected)}, got {verdict.outcome}: {verdict.detail}"
+    )
 
 
 @pytest.mark.parametrize("wrapping", ["per_expert", "layer", "stacked"])

@@ -102,9 +102,16 @@ class GateRunner:
         Needs the pool: only the pool can kill a hung rank and start fresh ones. A hang is
         whatever is still running ``HANG_DEADLINE_S`` after the start; ``env`` (e.g.
         ``TORCH_DISTRIBUTED_DEBUG=DETAIL``) applies to fresh ranks for this run.
+
+        The fixed model runs first, under the ordinary case timeout: fresh ranks spend
+        seconds on their first FSDP2 step (about 5 s on a GPU), which must not count
+        against the naive run's deadline. It must complete, or the scenario proves nothing.
         """
         if self.launcher or not isinstance(self.pool, RankPool):
             pytest.skip("reproducing a hang or an abort needs the rank pool: torchrun cannot replace a lost rank")
+        warm = self.pool.run(run_training_case, (gate, case.with_variant("fixed")), world_size=case.world_size, env=env)
+        if warm.failure is not None:
+            raise GateFailure(f"the fixed model failed, so the naive one proves nothing: {warm.failure.describe()}")
         outcome = self.pool.run(
             run_training_case, (gate, case), world_size=case.world_size, timeout_s=HANG_DEADLINE_S, env=env
         )
