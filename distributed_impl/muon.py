@@ -30,7 +30,6 @@ from reference import (
     group_orthogonalizer,
     lr_scale,
     momentum_update,
-    orthogonalize,
 )
 
 Mode = Literal["all_ranks", "owner_split"]
@@ -57,15 +56,14 @@ class ShardedMuon(Muon):
         *,
         mode: Mode = "all_ranks",
         bucket_numel: int = 1 << 26,
-        orthogonalize_fn: Orthogonalizer = orthogonalize,
+        orthogonalize_fn: Orthogonalizer | None = None,
         **settings: Any,
     ) -> None:
         if mode not in get_args(Mode):
             raise ValueError(f"mode={mode!r} is not one of {get_args(Mode)}")
         self.mode: Mode = mode
-        self.orthogonalize_fn = orthogonalize_fn
         self._exchange = placement.OwnerExchange(bucket_numel)
-        super().__init__(params, **settings)
+        super().__init__(params, orthogonalize_fn=orthogonalize_fn, **settings)
 
     def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
         placement.check_layout(name, p, matrix=use_muon)

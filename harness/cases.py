@@ -47,6 +47,7 @@ class Case:
     settings: tuple[tuple[str, Any], ...] = ()
     candidate: str = DEFAULT_CANDIDATE
     checkpoint_after: int | None = None
+    kernel: str | None = None
     label: str = field(default="", compare=False)
 
     def settings_dict(self) -> dict[str, Any]:
@@ -72,6 +73,7 @@ class Case:
             f"seed={self.seed}, params=[{shapes}], settings={{{settings}}}"
             + (f", checkpoint_after={self.checkpoint_after}" if self.checkpoint_after is not None else "")
             + (f", candidate={self.candidate}" if self.candidate != DEFAULT_CANDIDATE else "")
+            + (f", kernel={self.kernel}" if self.kernel else "")
             + ")"
         )
 

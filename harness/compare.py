@@ -21,7 +21,10 @@ TierKind = Literal["bitwise", "tolerance", "oracle"]
 
 @dataclass(frozen=True)
 class Tier:
-    """How a comparison is judged. ``max_ulp`` and ``atol``/``rtol`` apply to tolerance tiers."""
+    """How a comparison is judged. ``max_ulp``, ``atol``/``rtol`` and ``max_rel_fro`` (relative
+    Frobenius error ``‖actual − expected‖ / ‖expected‖``) apply to tolerance tiers; a
+    tolerance tier passes when any of its bounds holds and no NaN appears where the other
+    side has none."""
 
     name: str
     kind: TierKind
@@ -29,6 +32,7 @@ class Tier:
     max_ulp: int | None = None
     atol: float = 0.0
     rtol: float = 0.0
+    max_rel_fro: float | None = None
 
 
 BITWISE = Tier("bitwise", "bitwise", "same math, same kernel, same device: the bits must match")
@@ -65,6 +69,7 @@ class Comparison:
     all_zero: bool
     passed: bool
     note: str = ""
+    rel_fro: float = 0.0
 
     def to_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,12 +166,17 @@ def compare(
     all_zero = bool((flat_e == 0).all() and (flat_a == 0).all())
     max_abs = float(diff.max())
     max_ulp = float(ulp.max()) if mismatches else 0.0
+    ref_norm = float(torch.linalg.vector_norm(e.double()))
+    gap = float(torch.linalg.vector_norm(torch.where(differs, e.double() - a.double(), 0.0)))
+    rel_fro = gap / ref_norm if ref_norm > 0 else (0.0 if gap == 0 else float("inf"))
     if tier.kind == "bitwise":
         passed = bitwise
     else:
         within = max_abs <= tier.atol + tier.rtol * float(e.double().abs().max())
         if tier.max_ulp is not None:
             within = within or max_ulp <= tier.max_ulp
+        if tier.max_rel_fro is not None:
+            within = within or rel_fro <= tier.max_rel_fro
         passed = bitwise or (within and not bool(nan_mismatch.any()))
     return Comparison(
         gate=gate,
@@ -189,4 +199,5 @@ def compare(
         all_zero=all_zero,
         passed=passed,
         note="both all zero: compares nothing" if all_zero else "",
+        rel_fro=rel_fro,
     )

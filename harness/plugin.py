@@ -38,6 +38,9 @@ _NPROC = pytest.StashKey[int]()
 _RUNNER = pytest.StashKey[Any]()
 _SKIPS = pytest.StashKey[list[dict[str, Any]]]()
 _IMPL = pytest.StashKey[Any]()
+_KERNEL = pytest.StashKey[Any]()
+_BASELINE = pytest.StashKey[Any]()
+_BASELINE_DIFF = pytest.StashKey[Any]()
 _DEVICES = pytest.StashKey[tuple[str, list[str]]]()
 
 
@@ -68,6 +71,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="put this optimizer factory in place of distributed_impl.ShardedMuon in every optimizer gate "
         "(the contract is in harness/plugins.py and the README).",
+    )
+    group.addoption(
+        "--kernel",
+        metavar="MODULE:FN",
+        default=None,
+        help="a Newton-Schulz kernel FN(matrix, steps) -> matrix: every optimizer gate runs it on both sides, "
+        "and the kernel gates measure it against the reference (contract: harness/kernels.py, README).",
+    )
+    group.addoption(
+        "--gate-baseline",
+        metavar="FILE",
+        default=None,
+        help="a figures.json from an earlier run: the session fails if a gate that was bitwise no longer is, "
+        "or its worst error or singular-value band got worse beyond the stated margins.",
     )
     group.addoption(
         "--gate-report",
@@ -136,6 +153,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Resolved once, here: usage errors (too few GPUs) come now, not at the first gate.
     config.stash[_DEVICES] = _resolve_device(config, nproc)
     config.stash[_IMPL] = _impl(config)
+    config.stash[_KERNEL] = _kernel(config)
+    config.stash[_BASELINE] = _baseline(config)
     if _is_xdist_controller(config):
         # Workers stream to results-gwN.jsonl and the controller merges every such file in
         # the directory at the end, so an earlier run's must go first.
@@ -204,6 +223,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             "hypothesis_seed": config.getoption("hypothesis_seed", None),
             "git_commit": _git_commit(),
             "impl": config.getoption("impl") or DEFAULT_CANDIDATE,
+            "kernel": config.getoption("kernel"),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
         sync=True,
@@ -216,7 +236,9 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout)
     tty = _terminal() if writes_report else None
     progress = _CaseProgress.start(tty) if tty is not None else None
-    runner = GateRunner(pool, stream, launcher=torchrun, on_case=progress, impl=config.stash[_IMPL])
+    runner = GateRunner(
+        pool, stream, launcher=torchrun, on_case=progress, impl=config.stash[_IMPL], kernel=config.stash[_KERNEL]
+    )
     config.stash[_RUNNER] = runner
     _flush_skips(config)
     try:
@@ -238,6 +260,37 @@ def _impl(config: pytest.Config) -> Any:
         return Impl.load(spec)
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         raise pytest.UsageError(f"--impl {spec}: {e}; expected MODULE:FACTORY importable from here") from e
+
+
+def _kernel(config: pytest.Config) -> Any:
+    from harness.kernels import Kernel
+
+    spec = config.getoption("kernel")
+    if spec is None:
+        return None
+    if config.getoption("impl"):
+        raise pytest.UsageError("--kernel with --impl: a plug-in optimizer brings its own Newton-Schulz; use one")
+    try:
+        return Kernel.load(spec)
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        raise pytest.UsageError(f"--kernel {spec}: {e}; expected MODULE:FN importable from here") from e
+
+
+def _baseline(config: pytest.Config) -> Any:
+    """The ``--gate-baseline`` figures, read now so that a bad file is a usage error, not a late crash."""
+    import json
+
+    from reports.summary import from_figures
+
+    path = config.getoption("gate_baseline")
+    if path is None:
+        return None
+    try:
+        return from_figures(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise pytest.UsageError(
+            f"--gate-baseline {path}: {e}; expected the figures.json an earlier run wrote to its --gate-report directory"
+        ) from e
 
 
 def _terminal() -> Any:
@@ -318,16 +371,40 @@ def pytest_runtest_call(item: pytest.Item) -> None:
         runner.nodeid = item.nodeid
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def _streams(config: pytest.Config) -> list[Path]:
+    """This session's result streams: its own, or (xdist controller) every worker's."""
     runner = config.stash.get(_RUNNER, None)
     if runner is not None and runner.stream.path is not None:
-        streams = [runner.stream.path]
-    elif _is_xdist_controller(config):
-        streams = sorted(Path(config.getoption("gate_report")).glob("results-gw*.jsonl"))
-    else:
+        return [runner.stream.path]
+    if _is_xdist_controller(config):
+        return sorted(Path(config.getoption("gate_report")).glob("results-gw*.jsonl"))
+    return []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With ``--gate-baseline``: a regression against the stored figures fails the session."""
+    baseline = session.config.stash.get(_BASELINE, None)
+    streams = _streams(session.config)
+    if baseline is None or not streams:
+        return
+    from reports.compare import diff_runs
+    from reports.stream import read_streams
+    from reports.summary import summarize
+
+    diff = diff_runs(baseline, summarize(read_streams(streams)))
+    session.config.stash[_BASELINE_DIFF] = diff
+    if diff.regressed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    streams = _streams(config)
+    if not streams:
         return
     from rich.console import Console
 
+    from reports.compare import render_diff
     from reports.stream import read_streams
     from reports.summary import render, summarize, write_files
 
@@ -342,4 +419,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     directory = streams[0].parent
     write_files(summary, str(directory), records)
     names = ", ".join(p.name for p in streams)
-    terminalreporter.write_line(f"muongate report: {directory}/equivalence.html, equivalence.md, {names}")
+    terminalreporter.write_line(f"muongate report: {directory}/equivalence.html, equivalence.md, figures.json, {names}")
+    diff = config.stash.get(_BASELINE_DIFF, None)
+    if diff is not None:
+        console.print(render_diff(diff))
+        for line in diff.messages():
+            terminalreporter.write_line(f"REGRESSION against {config.getoption('gate_baseline')}: {line}", red=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import pytest
 
 from harness.cases import DEFAULT_CANDIDATE, Case
+from harness.kernels import Kernel, KernelCase, run_kernel_case
 from harness.launcher import LauncherGroup
 from harness.moe import HANG_DEADLINE_S, Classified, MoECase, classify
 from harness.plugins import Impl, UnsupportedConvention
@@ -32,6 +33,7 @@ class GateRunner:
     nodeid: str = ""
     on_case: Callable[[str, bool], None] | None = None
     impl: Impl | None = None
+    kernel: Kernel | None = None
 
     TASKS: ClassVar[dict[str, Callable[[RankContext, Any], Any]]] = {
         "optimizer": run_optimizer_case,
@@ -82,6 +84,28 @@ class GateRunner:
         if message is not None:
             raise GateFailure(f"{message}\n{case.describe()}")
         return outcome
+
+    def kernel_case(self, gate: str, case: KernelCase, *, record: bool = True) -> dict[str, Any]:
+        """Runs a kernel against the reference Newton–Schulz on rank 0's device; returns rank 0's figures.
+
+        With ``record``, the comparison goes to the stream (the verdict is the gate's)."""
+        outcome = self.pool.run(run_kernel_case, (gate, case), world_size=1)
+        if outcome.failure is not None:
+            raise GateFailure(f"{outcome.failure.describe()}\n{case.describe()}")
+        figures: dict[str, Any] = outcome.results[0]
+        if record:
+            self.stream.write({"kind": "comparison", **figures["record"], "case": case.describe()})
+        return figures
+
+    def record_case(self, gate: str, case: str, passed: bool, message: str, **figures: Any) -> None:
+        """A verdict the gate itself reached (kernel, oracle and edge-input gates)."""
+        self.stream.write(
+            {"kind": "case", "gate": gate, "case": case, "passed": passed, "message": message, "seconds": 0.0,
+             "reproduce": reproduce_command(self.nodeid, self.pool.nproc, self.launcher), **figures},
+            sync=True,
+        )  # fmt: skip
+        if self.on_case is not None:
+            self.on_case(gate, passed)
 
     def train(self, gate: str, case: TrainingSpec) -> dict[str, Any]:
         """Runs a training gate (raises like ``check``) and records its loss curve for the report.
@@ -139,9 +163,14 @@ class GateRunner:
         return verdict
 
     def __repr__(self) -> str:  # hypothesis prints it in every failing example
-        return f"GateRunner(nproc={self.pool.nproc}, impl={self.impl.spec if self.impl else None!r})"
+        return (
+            f"GateRunner(nproc={self.pool.nproc}, impl={self.impl.spec if self.impl else None!r}, "
+            f"kernel={self.kernel.spec if self.kernel else None!r})"
+        )
 
     def _resolve(self, case: Case | TrainingSpec) -> Case | TrainingSpec:
+        if self.kernel is not None and isinstance(case, Case) and case.kernel is None:
+            case = replace(case, kernel=self.kernel.spec)
         if self.impl is None or not isinstance(case, Case) or case.candidate != DEFAULT_CANDIDATE:
             return case
         try:

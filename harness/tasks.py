@@ -79,7 +79,16 @@ def param_groups(case: Case, params: Sequence[Tensor], names: Sequence[str]) -> 
 
 def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
     plain = [nn.Parameter(t.clone()) for t in tensors]
-    return reference.Muon(param_groups(case, plain, [s.name for s in case.params]), **case.settings_dict())
+    return reference.Muon(
+        param_groups(case, plain, [s.name for s in case.params]), orthogonalize_fn=_kernel(case), **case.settings_dict()
+    )
+
+
+def _kernel(case: Case) -> Callable[..., Tensor] | None:
+    """The case's ``--kernel`` behind the reference's ``orthogonalize`` signature, if any."""
+    from harness.kernels import orthogonalizer
+
+    return orthogonalizer(case.kernel) if case.kernel else None
 
 
 def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.Optimizer]) -> torch.optim.Optimizer:
@@ -88,6 +97,8 @@ def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.
     kwargs = {k: v for k, v in {**reference.MUON_DEFAULTS, **case.settings_dict()}.items() if k != "use_muon"}
     if case.mode is not None:
         kwargs["mode"] = case.mode
+    if case.kernel:
+        kwargs["orthogonalize_fn"] = _kernel(case)
     return factory(param_groups(case, params, [s.name for s in case.params]), **kwargs)
 
 
@@ -255,7 +266,7 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
     gate, case = payload
     device = torch.device(ctx.device)
     settings = {**reference.MUON_DEFAULTS, **case.settings_dict()}
-    ns = reference.group_orthogonalizer(settings)
+    ns = reference.group_orthogonalizer(settings, _kernel(case))
 
     mesh = mesh_for(ctx, case.mesh)
     fulls = [initial_param(s, case.seed, i).to(device).to(settings["ns_dtype"]) for i, s in enumerate(case.params)]

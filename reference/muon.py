@@ -305,10 +305,14 @@ class Muon(torch.optim.Optimizer):
     Groups with ``use_muon=True`` (the default) take 2-D or 3-D parameters; groups with
     ``use_muon=False`` run AdamW with ``adamw_lr``, ``adamw_betas``, ``adamw_eps`` and
     ``adamw_weight_decay``. Every other keyword is a convention described in the module
-    docstring; keyword names follow ``torch.optim.Muon``.
+    docstring; keyword names follow ``torch.optim.Muon``. ``orthogonalize_fn`` replaces
+    ``orthogonalize`` (same signature), e.g. a kernel under test.
     """
 
-    def __init__(self, params: Iterable[Any], **settings: Any) -> None:
+    def __init__(
+        self, params: Iterable[Any], *, orthogonalize_fn: Callable[..., Tensor] | None = None, **settings: Any
+    ) -> None:
+        self.orthogonalize_fn = orthogonalize_fn
         unknown = set(settings) - set(MUON_DEFAULTS)
         if unknown:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(MUON_DEFAULTS)}")
@@ -350,14 +354,13 @@ class Muon(torch.optim.Optimizer):
             else:
                 self._adamw_step(p, grad, self.state[p], group)
 
-    @staticmethod
-    def _muon_step(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         update = momentum_update(
             state["momentum_buffer"], grad, group["momentum"], group["nesterov"], group["momentum_form"]
         )
-        ortho = group_orthogonalizer(group)(update)
+        ortho = group_orthogonalizer(group, self.orthogonalize_fn)(update)
         scaled = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])
         apply_update(p, ortho, group["lr"], group["weight_decay"], scaled)
 

@@ -1,7 +1,8 @@
 """Stored runs, from the command line.
 
     python -m reports DIR               re-render DIR/results.jsonl (terminal, HTML, Markdown)
-    python -m reports compare BASE NOW  what moved between two runs (report directories or streams)
+    python -m reports compare BASE NOW  what moved between two runs (report directories, streams
+                                        or figures.json files)
 
 Exit status 1 when the run has failures (render) or regressed against the baseline (compare).
 """
@@ -9,6 +10,7 @@ Exit status 1 when the run has failures (render) or regressed against the baseli
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,14 @@ from rich.console import Console
 
 from reports.compare import diff_runs, render_diff
 from reports.stream import read_streams
-from reports.summary import render, summarize, write_files
+from reports.summary import RunSummary, from_figures, render, summarize, write_files
+
+
+def _summary(where: str) -> RunSummary:
+    """A stored run: a report directory, a results stream, or a ``figures.json``."""
+    if where.endswith(".json") and Path(where).is_file():
+        return from_figures(json.loads(Path(where).read_text(encoding="utf-8")))
+    return summarize(_records(where))
 
 
 def _records(where: str) -> list[dict[str, Any]]:
@@ -37,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.paths[0] == "compare":
         if len(args.paths) != 3:
             parser.error("compare takes two runs: python -m reports compare BASE NOW")
-        diff = diff_runs(summarize(_records(args.paths[1])), summarize(_records(args.paths[2])))
+        diff = diff_runs(_summary(args.paths[1]), _summary(args.paths[2]))
         console.print(render_diff(diff))
         return 1 if diff.regressed else 0
     if len(args.paths) != 1:

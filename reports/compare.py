@@ -1,4 +1,11 @@
-"""Comparing two runs (a baseline and now), gate by gate, from their plain records."""
+"""Comparing two runs (a baseline and now), gate by gate, from their plain records.
+
+A regression, with the margins it is judged by: a gate failing now that passed before; a
+gate that was bitwise in every comparison and no longer is; a worst max|diff| or relative
+Frobenius error more than ``ERROR_MARGIN`` (10%) above the baseline's; a singular-value
+band wider by more than ``BAND_MARGIN`` (0.01) at either end; an orthogonality error more
+than ``ERROR_MARGIN`` above the baseline's.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,14 @@ from dataclasses import dataclass, field
 
 from rich.table import Table
 
-from reports.summary import RunSummary
+from reports.summary import GateSummary, RunSummary
+
+ERROR_MARGIN = 0.10
+BAND_MARGIN = 0.01
+
+
+def _grew(base: float, now: float) -> bool:
+    return now > base * (1 + ERROR_MARGIN) and now - base > 1e-12
 
 
 @dataclass
@@ -17,12 +31,20 @@ class RunDiff:
     fixed: list[str] = field(default_factory=list)
     no_longer_bitwise: list[str] = field(default_factory=list)
     grown: list[tuple[str, float, float]] = field(default_factory=list)
+    worse: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
-        return bool(self.new_failures or self.no_longer_bitwise or self.grown)
+        return bool(self.new_failures or self.no_longer_bitwise or self.grown or self.worse)
+
+    def messages(self) -> list[str]:
+        """One line per regression, saying what moved."""
+        out = [f"{g}: fails now, passed in the baseline" for g in self.new_failures]
+        out += [f"{g}: was bitwise in every comparison, no longer is" for g in self.no_longer_bitwise]
+        out += [f"{g}: worst max|diff| {a:.3g} → {b:.3g} (margin {ERROR_MARGIN:.0%})" for g, a, b in self.grown]
+        return out + self.worse
 
 
 def diff_runs(base: RunSummary, now: RunSummary) -> RunDiff:
@@ -43,9 +65,28 @@ def diff_runs(base: RunSummary, now: RunSummary) -> RunDiff:
             d.fixed.append(name)
         if b.comparisons and b.bitwise == b.comparisons and n.bitwise < n.comparisons:
             d.no_longer_bitwise.append(name)
-        if n.worst_abs_diff > b.worst_abs_diff:
+        if _grew(b.worst_abs_diff, n.worst_abs_diff):
             d.grown.append((name, b.worst_abs_diff, n.worst_abs_diff))
+        if _grew(b.worst_rel_fro, n.worst_rel_fro):
+            d.worse.append(
+                f"{name}: worst relative Frobenius error {b.worst_rel_fro:.3g} → {n.worst_rel_fro:.3g} "
+                f"(margin {ERROR_MARGIN:.0%})"
+            )
+        if _band_widened(b, n):
+            d.worse.append(
+                f"{name}: singular values [{b.sv_min:.3f}, {b.sv_max:.3f}] → [{n.sv_min:.3f}, {n.sv_max:.3f}] "
+                f"(margin {BAND_MARGIN})"
+            )
+        bo, no = b.worst_orthogonality, n.worst_orthogonality
+        if bo is not None and no is not None and _grew(bo, no):
+            d.worse.append(f"{name}: ‖OOᵀ − I‖ {bo:.3g} → {no:.3g} (margin {ERROR_MARGIN:.0%})")
     return d
+
+
+def _band_widened(b: GateSummary, n: GateSummary) -> bool:
+    if b.sv_min is None or b.sv_max is None or n.sv_min is None or n.sv_max is None:
+        return False
+    return n.sv_min < b.sv_min - BAND_MARGIN or n.sv_max > b.sv_max + BAND_MARGIN
 
 
 def render_diff(d: RunDiff) -> Table:
@@ -56,6 +97,7 @@ def render_diff(d: RunDiff) -> Table:
         ("new failures", ", ".join(d.new_failures)),
         ("no longer bitwise", ", ".join(d.no_longer_bitwise)),
         ("worst max|diff| grew", ", ".join(f"{g} ({a:.3g} → {b:.3g})" for g, a, b in d.grown)),
+        ("error or band worse", "; ".join(d.worse)),
         ("fixed", ", ".join(d.fixed)),
         ("only in baseline", ", ".join(d.missing)),
         ("only now", ", ".join(d.added)),

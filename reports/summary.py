@@ -6,9 +6,10 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console, Group
@@ -30,6 +31,10 @@ class GateSummary:
     worst_ulp: float = 0.0
     seconds: float = 0.0
     tiers: set[str] = field(default_factory=set)
+    worst_rel_fro: float = 0.0
+    sv_min: float | None = None
+    sv_max: float | None = None
+    worst_orthogonality: float | None = None
 
 
 @dataclass
@@ -86,6 +91,11 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
             if not r["passed"]:
                 g.failed_cases += 1
                 last_failure[r["gate"]] = r
+            if "sv_min" in r:
+                g.sv_min = r["sv_min"] if g.sv_min is None else min(g.sv_min, r["sv_min"])
+                g.sv_max = r["sv_max"] if g.sv_max is None else max(g.sv_max, r["sv_max"])
+            if "orthogonality_error" in r:
+                g.worst_orthogonality = max(g.worst_orthogonality or 0.0, r["orthogonality_error"])
         elif kind == "comparison":
             g.comparisons += 1
             g.tiers.add(r["tier"])
@@ -95,6 +105,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> RunSummary:
                 g.tolerance_passes += 1
             g.worst_abs_diff = max(g.worst_abs_diff, r["max_abs_diff"])
             g.worst_ulp = max(g.worst_ulp, r["max_ulp"])
+            g.worst_rel_fro = max(g.worst_rel_fro, r.get("rel_fro", 0.0))
     return RunSummary(header, gates, list(last_failure.values()), controls, skips, scenarios, training)
 
 
@@ -141,6 +152,7 @@ def render(summary: RunSummary) -> Group:
         "tol. pass",
         "worst max|diff|",
         "worst ULP",
+        "worst rel. Frob.",
         "seconds",
     ):
         table.add_column(col, justify="left" if col in ("gate", "tiers") else "right")
@@ -156,6 +168,7 @@ def render(summary: RunSummary) -> Group:
             str(g.tolerance_passes),
             _fmt(g.worst_abs_diff),
             _fmt(g.worst_ulp),
+            _fmt(g.worst_rel_fro),
             f"{g.seconds:.1f}",
         )
     parts: list[Any] = [table]
@@ -210,13 +223,13 @@ def to_markdown(summary: RunSummary) -> str:
     )
     lines += [
         "",
-        "| gate | tiers | cases | failed | comparisons | bitwise | tol. pass | worst max\\|diff\\| | worst ULP |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| gate | tiers | cases | failed | comparisons | bitwise | tol. pass | worst max\\|diff\\| | worst ULP | worst rel. Frob. |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for g in sorted(summary.gates.values(), key=lambda g: g.gate):
         lines.append(
             f"| {g.gate} | {','.join(sorted(g.tiers))} | {g.cases} | {g.failed_cases} | {g.comparisons} | {g.bitwise} | {g.tolerance_passes} | "
-            f"{_fmt(g.worst_abs_diff)} | {_fmt(g.worst_ulp)} |"
+            f"{_fmt(g.worst_abs_diff)} | {_fmt(g.worst_ulp)} | {_fmt(g.worst_rel_fro)} |"
         )
     if summary.negative_controls:
         lines += ["", "## Negative controls", "", "| control | caught | minimal case |", "|---|---|---|"]
@@ -260,3 +273,17 @@ def write_files(summary: RunSummary, directory: str, records: Sequence[dict[str,
         f.write(page(summary, tables, list(records)))
     with open(os.path.join(directory, "equivalence.md"), "w", encoding="utf-8") as f:
         f.write(to_markdown(summary))
+    with open(os.path.join(directory, "figures.json"), "w", encoding="utf-8") as f:
+        json.dump(figures(summary), f, indent=1, sort_keys=True)
+
+
+def figures(summary: RunSummary) -> dict[str, Any]:
+    """Per-gate figures as plain JSON: what ``--gate-baseline`` and ``compare`` read back."""
+    gates = {name: {**asdict(g), "tiers": sorted(g.tiers)} for name, g in summary.gates.items()}
+    return {"header": summary.header, "gates": gates}
+
+
+def from_figures(data: dict[str, Any]) -> RunSummary:
+    """A ``RunSummary`` (per-gate figures only) from a ``figures.json``."""
+    gates = {name: GateSummary(**{**g, "tiers": set(g["tiers"])}) for name, g in data["gates"].items()}
+    return RunSummary(data.get("header", {}), gates, [])

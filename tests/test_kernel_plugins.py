@@ -1,0 +1,53 @@
+"""Claims about ``--kernel`` and ``--gate-baseline``, end to end in fresh pytest processes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SPECTRUM = "kernel_spectrum and 64x64"
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """Another project: the harness installed (here: on the path), the gates run by package."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    pytester.makeconftest('pytest_plugins = ["harness.plugin"]')
+    return pytester
+
+
+def _run(project: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return project.runpytest_subprocess("--pyargs", "gates.test_kernel_gates", "-m", "gate", "-p", "no:randomly", *args)
+
+
+def test_kernel_that_is_not_callable_is_a_usage_error_naming_it(project: pytest.Pytester) -> None:
+    result = _run(project, "--kernel", "reference:MUON_DEFAULTS")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kernel reference:MUON_DEFAULTS*not callable*"])
+
+
+def test_broken_kernel_fails_its_gates_with_a_small_matrix(project: pytest.Pytester) -> None:
+    result = _run(project, "--kernel", "examples.broken_kernel:row_norm_ns", "-k", "within_its_tier or (kernel_spectrum and 64x64 and float32)")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*relative Frobenius error*kernel_fp32*"])
+
+
+def test_baseline_regression_fails_the_session_and_says_what_moved(project: pytest.Pytester) -> None:
+    first = _run(project, "-k", SPECTRUM)
+    first.assert_outcomes(passed=2)
+    figures = project.path / "gate-report" / "figures.json"
+    data = json.loads(figures.read_text())
+    assert set(data["gates"]) == {"kernel:oracle"}
+    baseline = project.path / "baseline.json"
+    baseline.write_text(json.dumps(data))
+    assert _run(project, "-k", SPECTRUM, "--gate-baseline", str(baseline)).ret == pytest.ExitCode.OK
+    oracle = data["gates"]["kernel:oracle"]
+    oracle["sv_min"], oracle["sv_max"] = oracle["sv_min"] + 0.05, oracle["sv_max"] - 0.05  # a better past
+    baseline.write_text(json.dumps(data))
+    again = _run(project, "-k", SPECTRUM, "--gate-baseline", str(baseline))
+    assert again.ret == pytest.ExitCode.TESTS_FAILED
+    again.stdout.fnmatch_lines(["*REGRESSION against*kernel:oracle: singular values*margin 0.01*"])
