@@ -31,7 +31,13 @@ def test_kernel_that_is_not_callable_is_a_usage_error_naming_it(project: pytest.
 
 
 def test_broken_kernel_fails_its_gates_with_a_small_matrix(project: pytest.Pytester) -> None:
-    result = _run(project, "--kernel", "examples.broken_kernel:row_norm_ns", "-k", "within_its_tier or (kernel_spectrum and 64x64 and float32)")
+    result = _run(
+        project,
+        "--kernel",
+        "examples.broken_kernel:row_norm_ns",
+        "-k",
+        "within_its_tier or (kernel_spectrum and 64x64 and float32)",
+    )
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*relative Frobenius error*kernel_fp32*"])
 
