@@ -111,7 +111,8 @@ def test_naive_moe_reproduces_failure_then_fixed_model_completes(gate_runner: An
     if verdict.outcome == "hang":
         assert verdict.seconds < 15, f"the hang was detected only after {verdict.seconds:.1f} s"
     # The pool replaced whatever hung or died: the fixed model runs on fresh ranks.
-    gate_runner.check("moe:fixed", case.with_variant("fixed"), task="training")
+    fixed = gate_runner.reproduce("moe:recovered", case.with_variant("fixed"))
+    assert fixed.outcome == "completed", f"after the {verdict.outcome}, the fixed model: {fixed.detail}"
 
 
 @pytest.mark.parametrize("name", ["hang", "abort"])

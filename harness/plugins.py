@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from harness.cases import Case, ParamSpec
 from reference import MUON_DEFAULTS
 
@@ -87,6 +89,27 @@ class Impl:
             settings=tuple(settings.items()),
             checkpoint_after=case.checkpoint_after if "checkpoint" in self.features else None,
         )
+
+    def adapt_training(self, spec: Any) -> Any:
+        """A training spec (MoE scenario, transformer) run with this candidate on its conventions;
+        ``UnsupportedConvention`` when it cannot take the model's world size or parameters."""
+        if self.unsupported_conventions():
+            raise UnsupportedConvention(
+                f"{self.spec} declares conventions the reference cannot express: {self.unsupported_conventions()}"
+            )
+        if self.max_world is not None and spec.world_size > self.max_world:
+            raise UnsupportedConvention(
+                f"{self.spec} supports world sizes up to {self.max_world}; the model needs {spec.world_size}"
+            )
+        missing = {"adamw"} - self.features
+        if getattr(spec, "wrapping", None) == "stacked":
+            missing |= {"experts"} - self.features
+        if missing:
+            raise UnsupportedConvention(f"{self.spec} does not declare {sorted(missing)}, which this model needs")
+        settings = dict(spec.settings)
+        for key, value in self.conventions:
+            settings[key] = getattr(torch, str(value).removeprefix("torch.")) if key == "ns_dtype" else value
+        return replace(spec, candidate=self.spec, settings=tuple(settings.items()))
 
     def _narrow(self, p: ParamSpec) -> ParamSpec:
         if len(p.shape) == 3 and "experts" not in self.features:
