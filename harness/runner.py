@@ -15,7 +15,7 @@ from harness.moe import HANG_DEADLINE_S, Classified, MoECase, classify
 from harness.plugins import Impl, UnsupportedConvention
 from harness.pool import CaseOutcome, RankContext, RankPool
 from harness.tasks import run_backward_case, run_optimizer_case, run_orthogonalize_case
-from harness.training import TrainingSpec, run_training_case
+from harness.training import TrainingSpec, run_training_case, warm_up
 from reports.stream import ResultStream
 
 
@@ -127,13 +127,13 @@ class GateRunner:
         whatever is still running ``HANG_DEADLINE_S`` after the start; ``env`` (e.g.
         ``TORCH_DISTRIBUTED_DEBUG=DETAIL``) applies to fresh ranks for this run.
 
-        The fixed model runs first, under the ordinary case timeout: fresh ranks spend
-        seconds on their first FSDP2 step (about 5 s on a GPU), which must not count
-        against the naive run's deadline. It must complete, or the scenario proves nothing.
+        The fixed model does one forward and backward first, under the ordinary case
+        timeout: fresh ranks spend seconds on their first FSDP2 step (about 5 s on a GPU),
+        which must not count against the naive run's deadline.
         """
         if self.launcher or not isinstance(self.pool, RankPool):
             pytest.skip("reproducing a hang or an abort needs the rank pool: torchrun cannot replace a lost rank")
-        warm = self.pool.run(run_training_case, (gate, case.with_variant("fixed")), world_size=case.world_size, env=env)
+        warm = self.pool.run(warm_up, case.with_variant("fixed"), world_size=case.world_size, env=env)
         if warm.failure is not None:
             raise GateFailure(f"the fixed model failed, so the naive one proves nothing: {warm.failure.describe()}")
         outcome = self.pool.run(

@@ -156,6 +156,18 @@ def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, devic
     return losses
 
 
+def warm_up(ctx: RankContext, spec: TrainingSpec) -> None:
+    """One forward and backward of ``spec``'s model under FSDP2, no optimizer step.
+
+    A fresh rank spends seconds on its first FSDP2 step (CUDA, NCCL, DTensor caches): this
+    spends them outside any deadline. No optimizer, because the collectives an optimizer
+    issues are not all supported under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on NCCL."""
+    device = torch.device(ctx.device)
+    model = spec.build().to(device)
+    spec.shard(model, mesh_for(ctx, (spec.world_size,)))
+    spec.loss(model, ctx.rank, 0, device).backward()
+
+
 # -- training for its own sake (``python -m harness.train``) ---------------------------------
 _RUNS: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
 
