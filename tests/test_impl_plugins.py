@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 UNEXPRESSIBLE = """
 from distributed_impl import ShardedMuon
@@ -62,3 +64,17 @@ def test_bad_impl_spec_is_a_usage_error(tmp_path: Path) -> None:
     result = _run(tmp_path, "--impl", "no_such_module:factory")
     assert result.returncode == 4
     assert "--impl no_such_module:factory" in result.stderr and "MODULE:FACTORY" in result.stderr
+
+
+def test_training_specs_take_the_plugin_on_its_conventions_or_skip_saying_why():
+    from harness.moe import MoECase
+    from harness.plugins import FEATURES, Impl, UnsupportedConvention
+    from harness.transformer import TransformerCase
+
+    impl = Impl("my:muon", (("eps_form", "clamp"),), None, FEATURES)
+    adapted = impl.adapt_training(TransformerCase("x"))
+    assert adapted.candidate == "my:muon" and dict(adapted.settings)["eps_form"] == "clamp"
+    with pytest.raises(UnsupportedConvention, match="world sizes up to 1"):
+        Impl("my:muon", max_world=1).adapt_training(TransformerCase("x"))
+    with pytest.raises(UnsupportedConvention, match="experts"):
+        Impl("my:muon", features=frozenset({"adamw"})).adapt_training(MoECase("x", "stacked", "fixed", ()))
