@@ -157,3 +157,13 @@ def test_naive_and_fixed_models_agree_bitwise_when_every_expert_has_tokens(gate_
     for variant in ("naive", "fixed"):
         case = MoECase(f"{variant}, every expert busy", wrapping, variant, (), steps=3)  # type: ignore[arg-type]
         gate_runner.check("moe:busy", case, task="training")
+
+
+@pytest.mark.parametrize("wrapping", ["per_expert", "layer"])
+def test_fixed_moe_on_four_ranks_stays_within_the_reduction_order_tier(gate_runner: Any, wrapping: str) -> None:
+    """Four ranks: FSDP2 sums four gradients in its own order, so the tier is a tolerance."""
+    if gate_runner.pool.nproc < 4:
+        pytest.skip("needs --nproc 4")
+    empty = ((1, 3), (2, 0), (3, 1), (3, 2))
+    case = MoECase("fixed, 4 ranks", wrapping, "fixed", empty, world_size=4, steps=3)  # type: ignore[arg-type]
+    gate_runner.check("moe:fixed-4-ranks", case, task="training")

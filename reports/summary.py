@@ -190,9 +190,7 @@ def render(summary: RunSummary) -> Group:
             table.add_row(gate, name, Text(outcome, style=_OUTCOME_STYLE.get(outcome, "yellow")), seconds, detail[:400])
         parts.append(table)
     if summary.training:
-        table = Table(
-            title="training (FSDP2 + sharded Muon; the reference's figures, equal bit for bit)", title_justify="left"
-        )
+        table = Table(title="training (FSDP2 + sharded Muon), bits per byte: first → last step", title_justify="left")
         for col in TRAINING_COLUMNS:
             table.add_column(col, justify="left" if col in ("gate", "case") else "right")
         for r in summary.training:

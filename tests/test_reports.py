@@ -92,6 +92,25 @@ RECORDS = [
         "case": "Case(world=2, params=[w0[4, 4]])",
         "message": "w0 differs",
     },
+    {
+        "kind": "scenario",
+        "gate": "moe:reproduce",
+        "scenario": "rank 1 sends no tokens to expert 3",
+        "wrapping": "per_expert",
+        "variant": "naive",
+        "env": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+        "outcome": "collective mismatch",
+        "detail": "rank 0: #7 _ALLGATHER_BASE [128]; rank 1: #7 _REDUCE_SCATTER_BASE [256]",
+        "seconds": 0.4,
+    },
+    {"kind": "training", "gate": "training", "case": "dense", "train_bits": [8.0, 7.5], "held_out_bits": [8.1, 7.9]},
+    {
+        "kind": "training",
+        "gate": "training",
+        "case": "dense",
+        "train_bits": [8.0, 7.5, 7.0],
+        "held_out_bits": [8.1, 7.2],
+    },
 ]
 
 
@@ -216,5 +235,5 @@ def test_html_report_is_self_contained_with_pictures(tmp_path: Path) -> None:
     ]
     write_files(summarize(records), str(tmp_path), records)
     page = (tmp_path / "equivalence.html").read_text()
-    assert page.count("<svg") == 3  # two gates' |diff| histograms and one spectrum
+    assert page.count("<svg") == 4  # two gates' |diff| histograms, one spectrum, one loss curve
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")

@@ -34,7 +34,7 @@ def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) 
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "muongate-selftest",
-        "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "edge", "-q",
+        "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "hand_picked_edge", "-q",
         "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report),
     ]  # fmt: skip
     nodes = [
@@ -51,4 +51,9 @@ def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) 
     cases = [r for r in records if r["kind"] == "case"]
     assert len(cases) == edge_cases and all(r["passed"] for r in cases)
     assert {r["gate"] for r in cases} >= {"edge:hsdp-2x2-uneven", "edge:hsdp-2x2-owner-split"}
-    assert sorted(p.name for p in report.iterdir()) == ["equivalence.html", "equivalence.md", "results.jsonl"]
+    assert sorted(p.name for p in report.iterdir()) == [
+        "equivalence.html",
+        "equivalence.md",
+        "figures.json",
+        "results.jsonl",
+    ]
