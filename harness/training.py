@@ -10,7 +10,8 @@ rank's shard (no collective outside FSDP2 and the optimizer, so a wrong model ca
 the comparison itself hang).
 
 On 2 ranks FSDP2 averages two gradients, which is order-independent, so the verdict is
-bitwise. Beyond 2 ranks FSDP2 sums in its own order; the tier is ``reduction_order``.
+bitwise. Beyond 2 ranks FSDP2 sums in its own order; the tiers are ``reduction_order``
+(tensors) and ``reduction_order_loss`` (losses), with the measured reasons.
 
 A ``TrainingSpec`` says what to train: ``harness.moe.MoECase`` (the MoE deadlock model)
 and ``harness.transformer.TransformerCase`` (a small decoder-only transformer on text).
@@ -65,16 +66,26 @@ class TrainingSpec(Protocol):
 
 
 def reduction_order(spec: TrainingSpec) -> Tier:
-    """The tier beyond 2 ranks, where FSDP2 sums the per-rank gradients in its own order."""
-    lr = float(dict(spec.settings).get("lr", reference.MUON_DEFAULTS["lr"]))
+    """The tier of tensors beyond 2 ranks, where FSDP2 sums the per-rank gradients in its own order."""
     return Tier(
         "reduction_order",
         "tolerance",
-        f"{spec.world_size} ranks: FSDP2 sums per-rank gradients in its own order, the reference in rank order; "
-        "a last-bit difference in a gradient can move one bf16 rounding inside Newton-Schulz, about "
-        "lr * 2^-7 per element per step",
-        atol=spec.steps * lr * 2**-7,
-        rtol=1e-5,
+        f"{spec.world_size} ranks: FSDP2 sums per-rank gradients in its own order, the reference in rank "
+        "order. Step-0 gradients differ in the last bits (measured ≤ 9e-8 relative), then bf16 Newton-Schulz, "
+        "which is chaotic, amplifies them: on 4 CPU ranks over 12 steps of the transformer, parameters drifted "
+        "to 2.9% relative Frobenius error, gradients 7%, optimizer state 2.6%; bounded at 15%",
+        max_rel_fro=0.15,
+    )
+
+
+def reduction_order_loss(spec: TrainingSpec) -> Tier:
+    """Losses beyond 2 ranks: the drift of the parameters barely moves them."""
+    return Tier(
+        "reduction_order_loss",
+        "tolerance",
+        f"{spec.world_size} ranks: the parameters' drift (see reduction_order) moved the transformer's losses "
+        "by at most 6e-5 relative over 12 steps on 4 CPU ranks; bounded at 1e-3",
+        max_rel_fro=1e-3,
     )
 
 
@@ -104,6 +115,7 @@ def run_training_case(ctx: RankContext, payload: tuple[str, TrainingSpec]) -> di
     spec.shard(model, mesh_for(ctx, (spec.world_size,)))
     opt = load_object(spec.candidate)(param_groups_of(spec, model), **settings)
     tier = BITWISE if spec.world_size <= 2 else reduction_order(spec)
+    loss_tier = BITWISE if spec.world_size <= 2 else reduction_order_loss(spec)
     records: list[Comparison] = []
     curve: list[float] = []
     held_out = [spec.evaluate(ref_model, device)]
@@ -114,7 +126,9 @@ def run_training_case(ctx: RankContext, payload: tuple[str, TrainingSpec]) -> di
         loss = spec.loss(model, ctx.rank, step, device)
         loss.backward()
         records.append(
-            compare(ref_losses[ctx.rank], loss.detach(), gate=gate, tensor="loss", step=step, rank=ctx.rank, tier=tier)
+            compare(
+                ref_losses[ctx.rank], loss.detach(), gate=gate, tensor="loss", step=step, rank=ctx.rank, tier=loss_tier
+            )
         )
         for name, ref_p in ref_model.named_parameters():
             grad = names[name].grad
