@@ -123,7 +123,6 @@ class KernelCase:
     input: Input = "gaussian"
     steps: int = 5
     seed: int = 0
-    world_size: int = 1
 
     def describe(self) -> str:
         return (
