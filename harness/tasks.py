@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -240,7 +241,15 @@ def _round_trip(
         set_optimizer_state_dict,
     )
 
-    path = os.path.join(tempfile.gettempdir(), f"muongate-ckpt-{os.getppid()}-{ctx.case_id}")
+    # One directory for the whole case, named by rank 0: ranks of different torchrun nodes
+    # have different parents. Across hosts it must be shared storage (MUONGATE_CHECKPOINT_DIR).
+    chosen = [
+        os.path.join(
+            os.environ.get("MUONGATE_CHECKPOINT_DIR", tempfile.gettempdir()), f"muongate-ckpt-{uuid.uuid4().hex}"
+        )
+    ]
+    dist.broadcast_object_list(chosen, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
+    path = chosen[0]
     saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
     dcp.save(saved, checkpoint_id=path, process_group=ctx.group)
     zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=ctx.device) for s in case.params]
