@@ -3,7 +3,8 @@ and exactly one report is written (by global rank 0).
 
 Two torchrun invocations rendezvous on loopback through c10d, as two nodes of 2 ranks
 would; the edge cases include a 2-D HSDP mesh (replicate across the nodes' groups,
-shard within), which only runs with 4 ranks.
+shard within), which only runs with 4 ranks, and the checkpoint gate needs the ranks of
+both nodes to agree on one checkpoint directory.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) 
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "muongate-selftest",
-        "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "hand_picked_edge", "-q",
+        "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "hand_picked_edge or checkpoint", "-q",
         "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report),
     ]  # fmt: skip
     nodes = [
@@ -45,11 +46,14 @@ def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) 
     for node, output in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, output[-4000:]
     edge_cases = len(EDGE_CASES)  # every one runs with 4 ranks, the HSDP ones included
-    assert any(f"{edge_cases} passed" in out and "muongate report" in out for out in outputs), outputs[0][-2000:]
+    # and the checkpoint gate: one DCP directory shared by the ranks of both nodes
+    assert any(f"{edge_cases + 1} passed" in out and "muongate report" in out for out in outputs), outputs[0][-2000:]
     records = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
     assert records[0]["kind"] == "header" and records[0]["nproc"] == 4
     cases = [r for r in records if r["kind"] == "case"]
-    assert len(cases) == edge_cases and all(r["passed"] for r in cases)
+    assert all(r["passed"] for r in cases)
+    assert len([r for r in cases if r["gate"].startswith("edge:")]) == edge_cases
+    assert any(r["gate"] == "checkpoint" for r in cases)
     assert {r["gate"] for r in cases} >= {"edge:hsdp-2x2-uneven", "edge:hsdp-2x2-owner-split"}
     assert sorted(p.name for p in report.iterdir()) == [
         "equivalence.html",
