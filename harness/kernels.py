@@ -78,12 +78,9 @@ class Kernel:
 
     @classmethod
     def load(cls, spec: str) -> Kernel:
-        from harness.tasks import load_object
+        from harness.plugins import load_declared
 
-        fn = load_object(spec)
-        if not callable(fn):
-            raise TypeError(f"--kernel {spec}: {fn!r} is not callable")
-        conventions = dict(getattr(fn, "muongate_conventions", {}))
+        _, conventions = load_declared("kernel", spec)
         unknown = set(conventions) - KERNEL_CONVENTIONS
         if unknown:
             raise ValueError(

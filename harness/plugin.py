@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -253,27 +253,26 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
 def _impl(config: pytest.Config) -> Any:
     from harness.plugins import Impl
 
-    spec = config.getoption("impl")
-    if spec is None:
-        return None
-    try:
-        return Impl.load(spec)
-    except (ImportError, AttributeError, TypeError, ValueError) as e:
-        raise pytest.UsageError(f"--impl {spec}: {e}; expected MODULE:FACTORY importable from here") from e
+    return _load_plugin(config, "impl", Impl.load, "MODULE:FACTORY")
 
 
 def _kernel(config: pytest.Config) -> Any:
     from harness.kernels import Kernel
 
-    spec = config.getoption("kernel")
+    if config.getoption("kernel") and config.getoption("impl"):
+        raise pytest.UsageError("--kernel with --impl: a plug-in optimizer brings its own Newton-Schulz; use one")
+    return _load_plugin(config, "kernel", Kernel.load, "MODULE:FN")
+
+
+def _load_plugin(config: pytest.Config, option: str, load: Callable[[str], Any], form: str) -> Any:
+    """``--option MODULE:NAME`` loaded by ``load``; any import or declaration error is a usage error."""
+    spec = config.getoption(option)
     if spec is None:
         return None
-    if config.getoption("impl"):
-        raise pytest.UsageError("--kernel with --impl: a plug-in optimizer brings its own Newton-Schulz; use one")
     try:
-        return Kernel.load(spec)
+        return load(spec)
     except (ImportError, AttributeError, TypeError, ValueError) as e:
-        raise pytest.UsageError(f"--kernel {spec}: {e}; expected MODULE:FN importable from here") from e
+        raise pytest.UsageError(f"--{option} {spec}: {e}; expected {form} importable from here") from e
 
 
 def _baseline(config: pytest.Config) -> Any:

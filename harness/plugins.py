@@ -35,6 +35,16 @@ from reference import MUON_DEFAULTS
 FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "no_grad"})
 
 
+def load_declared(option: str, spec: str) -> tuple[Any, dict[str, Any]]:
+    """Imports the callable ``spec`` names for ``--option`` and the ``muongate_conventions`` it declares."""
+    from harness.tasks import load_object
+
+    obj = load_object(spec)
+    if not callable(obj):
+        raise TypeError(f"--{option} {spec}: {obj!r} is not callable")
+    return obj, dict(getattr(obj, "muongate_conventions", {}))
+
+
 class UnsupportedConvention(Exception):
     """The candidate declares a convention the reference cannot express."""
 
@@ -51,12 +61,7 @@ class Impl:
     @classmethod
     def load(cls, spec: str) -> Impl:
         """Imports ``MODULE:FACTORY`` and reads its declarations; errors name what is wrong."""
-        from harness.tasks import load_object
-
-        factory = load_object(spec)
-        if not callable(factory):
-            raise TypeError(f"--impl {spec}: {factory!r} is not callable")
-        conventions = dict(getattr(factory, "muongate_conventions", {}))
+        factory, conventions = load_declared("impl", spec)
         features = frozenset(getattr(factory, "muongate_features", FEATURES))
         unknown_features = features - FEATURES
         if unknown_features:

@@ -42,7 +42,9 @@ def corpus() -> bytes:
     return "".join(topics[k] for k in sorted(topics)).encode("utf-8")
 
 
+@functools.cache
 def split(part: Literal["train", "held_out"]) -> Tensor:
+    """The part's bytes as token ids, built once per process (every loss call reads it; never written)."""
     data = torch.frombuffer(bytearray(corpus()), dtype=torch.uint8).long()
     cut = int(len(data) * 0.9)
     return data[:cut] if part == "train" else data[cut:]
