@@ -95,13 +95,18 @@ def _peak_gib(device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
 
 
-def _profile(step: Callable[[], None], mode: str, rank: int) -> None:
-    """One more step on every rank under the profiler (a collective needs them all); rank 0 prints."""
+def _profile(step: Callable[[], None], mode: str, rank: int, trace_dir: str | None) -> None:
+    """One more step on every rank under the profiler (a collective needs them all); rank 0
+    prints its top kernels, and with ``trace_dir`` every rank writes a Chrome trace there."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
+    if trace_dir:
+        os.makedirs(trace_dir, exist_ok=True)
+        slug = "".join(c if c.isalnum() else "_" for c in mode).strip("_")
+        prof.export_chrome_trace(os.path.join(trace_dir, f"{slug}.rank{rank}.json"))
     if rank != 0:
         return
     print(f"--- profile of one {mode} step on rank 0 ---")
@@ -115,7 +120,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--modes", default="all_ranks,owner_split")
+    parser.add_argument("--bucket-numel", type=int, default=1 << 26, help="ShardedMuon's bucket_numel (owner_split)")
     parser.add_argument("--profile", action="store_true", help="print rank 0's top kernels for one step of each mode")
+    parser.add_argument("--trace", metavar="DIR", help="with --profile, also write each rank's Chrome trace to DIR")
     parser.add_argument(
         "--torchtitan",
         metavar="WHEEL",
@@ -152,6 +159,8 @@ def main() -> None:
         times = _time(opt.step, device, args.warmup, args.iters)
         results["reference (1 device)"] = (statistics.median(times), _peak_gib(device))
         ref_final = [p.detach().cpu() for p in plain]
+        if args.profile:
+            _profile(opt.step, "reference (1 device)", rank, args.trace)  # after the copy: one more step
         del opt, plain, params, grads
         if use_cuda:
             torch.cuda.empty_cache()
@@ -159,7 +168,9 @@ def main() -> None:
     dist.barrier()
 
     contenders: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
-        f"ShardedMuon {mode} ({world} ranks)": partial(ShardedMuon, mode=mode, **SETTINGS)
+        f"ShardedMuon {mode} ({world} ranks)": partial(
+            ShardedMuon, mode=mode, bucket_numel=args.bucket_numel, **SETTINGS
+        )
         for mode in args.modes.split(",")
     }
     if args.torchtitan:
@@ -185,7 +196,7 @@ def main() -> None:
         dist.all_reduce(median, op=dist.ReduceOp.MAX)
         fulls = [p.full_tensor().cpu() for p in sharded]
         if args.profile:
-            _profile(opt.step, name, rank)  # after the comparison: it takes one more step
+            _profile(opt.step, name, rank, args.trace)  # after the comparison: it takes one more step
         if rank == 0:
             results[name] = (float(median), _peak_gib(device))
             bitwise[name] = all(
