@@ -100,11 +100,14 @@ def _newton_schulz_2d(
     eps_form: EpsForm,
     dtype: torch.dtype,
 ) -> Tensor:
-    # Always a fresh copy: when G is already in ``dtype``, ``to`` would return G itself, and
-    # one expert of a 3-D stack is a view at an offset. On GPUs the matmul and norm kernels
-    # chosen depend on the pointer's alignment, so a view and a fresh shard of the same
-    # numbers gave different bits in fp32 (seen on H200: expert stacks, fp32 Newton–Schulz).
-    X = G.to(dtype, copy=True)
+    # Newton–Schulz reads X from storage that starts where an allocation starts: on GPUs the
+    # matmul and norm kernels chosen depend on the pointer's alignment, so a view at an
+    # offset (one expert of a 3-D stack) and a fresh shard of the same numbers gave
+    # different bits in fp32 (seen on H200: expert stacks, fp32 Newton–Schulz). G itself
+    # qualifies when it is already a whole contiguous allocation in ``dtype`` (it is never
+    # written); anything else is copied first.
+    whole = G.dtype == dtype and G.is_contiguous() and G.storage_offset() == 0
+    X = G if whole else G.to(dtype, copy=True)
     transposed = G.size(0) > G.size(1)
     if transposed:
         X = X.T
@@ -176,17 +179,31 @@ def lr_scale(shape: Sequence[int], adjust_lr_fn: LrAdjust) -> float:
     return 1.0
 
 
-def momentum_update(buf: Tensor, grad: Tensor, momentum: float, nesterov: bool, momentum_form: MomentumForm) -> Tensor:
-    """Advances the float32 momentum buffer in place and returns the float32 update.
+def momentum_update(
+    buf: Tensor,
+    grad: Tensor,
+    momentum: float,
+    nesterov: bool,
+    momentum_form: MomentumForm,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Advances the float32 momentum buffer in place and returns the update.
 
-    Purely elementwise, so a shard of ``buf`` and ``grad`` gives that shard of the result.
+    The update is computed in float32; with ``out`` (of any float dtype, e.g. the
+    Newton–Schulz dtype) it is written there, rounded once, which gives the same bits as
+    rounding a float32 update afterwards with one pass less over memory. Purely
+    elementwise, so a shard of ``buf`` and ``grad`` gives that shard of the result.
     """
     g = grad.float()
     if momentum_form == "ema":
         buf.lerp_(g, 1 - momentum)
-        return g.lerp(buf, momentum) if nesterov else buf.clone()
-    buf.mul_(momentum).add_(g)
-    return g.add(buf, alpha=momentum) if nesterov else buf.clone()
+        if nesterov:
+            return torch.lerp(g, buf, momentum, out=out)
+    else:
+        buf.mul_(momentum).add_(g)
+        if nesterov:
+            return torch.add(g, buf, alpha=momentum, out=out)
+    return buf.clone() if out is None else out.copy_(buf)
 
 
 def apply_update(param: Tensor, update: Tensor, lr: float, weight_decay: float, scaled_lr: float) -> None:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from reference import Muon, orthogonalize
-from reference.muon import lr_scale
+from reference.muon import lr_scale, momentum_update
 
 TORCH_CONVENTIONS = dict(
     momentum_form="ema", eps_form="clamp", ns_coefficients="keller", ns_dtype=torch.bfloat16, adjust_lr_fn="original"
@@ -101,6 +101,29 @@ def test_three_d_tensor_is_each_expert_orthogonalized_on_its_own():
     batched = orthogonalize(G, 5)
     one_by_one = torch.stack([orthogonalize(m, 5) for m in G])
     assert torch.equal(batched.view(torch.int16), one_by_one.view(torch.int16))
+
+
+def test_orthogonalize_never_writes_its_input_even_when_it_skips_the_copy():
+    G = torch.randn(12, 5, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    before = G.clone()
+    out = orthogonalize(G, 5)  # already bf16, contiguous, a whole allocation: read in place
+    assert torch.equal(G.view(torch.int16), before.view(torch.int16))
+    assert out.data_ptr() != G.data_ptr()
+
+
+@pytest.mark.parametrize("momentum_form", ["ema", "sum"])
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_momentum_update_written_into_out_matches_rounding_the_float32_update_bitwise(momentum_form, nesterov, dtype):
+    gen = torch.Generator().manual_seed(4)
+    buf, grad = torch.randn(1037, generator=gen), torch.randn(1037, generator=gen) * 3
+    expected = momentum_update(buf.clone(), grad, 0.95, nesterov, momentum_form).to(dtype)
+    out = torch.empty(1037, dtype=dtype)
+    momentum_update(buf, grad, 0.95, nesterov, momentum_form, out=out)
+    assert torch.equal(
+        out.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+        expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+    )
 
 
 def test_parameter_without_gradient_is_skipped_entirely():
