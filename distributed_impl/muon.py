@@ -2,10 +2,12 @@
 
 Per step and per hidden matrix: the momentum is advanced on the local shard only (the
 optimizer state stays sharded, about 1/N of it per rank); the update is formed on the
-local shard and cast to the Newton–Schulz dtype; the full matrix is assembled, either on
+local shard, rounded once to the Newton–Schulz dtype; the full matrix is assembled, either on
 every rank (``mode="all_ranks"``) or on one owner rank (``mode="owner_split"``);
 orthogonalized by the reference's own function; and each rank applies its rows of the
-result, with weight decay, to its local shard. The lr scale comes from the *global*
+result, with weight decay, to its local shard. In ``owner_split`` each matrix's update is
+formed just before it travels and applied as soon as its rows are back, so no step holds
+every matrix's update at once. The lr scale comes from the *global*
 matrix shape. AdamW runs on local shards as it is elementwise.
 
 The math is imported from ``reference``; placement and communication live in
@@ -79,45 +81,48 @@ class ShardedMuon(Muon):
 
     # -- Muon ---------------------------------------------------------------------------
     def _muon_group(self, params: list[DTensor], group: dict[str, Any]) -> None:
-        updates = []
+        ns = group_orthogonalizer(group, self.orthogonalize_fn)
+        dtype = group["ns_dtype"]
         for p in params:
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = _zeros_like_sharded(p)
-            buf = state["momentum_buffer"].to_local()
-            update = self._momentum(buf, _local(p.grad), group)
-            updates.append(update.to(group["ns_dtype"]))
-        ortho = self._orthogonalize_all(updates, params, group)
-        for p, o in zip(params, ortho, strict=True):
-            scaled = group["lr"] * self._lr_scale(p, group)
-            self._apply(p.to_local(), o, group, scaled)
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = _zeros_like_sharded(p)
 
-    def _momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any]) -> Tensor:
-        return momentum_update(buf, grad, group["momentum"], group["nesterov"], group["momentum_form"])
+        def produce(p: DTensor, out: Tensor) -> None:
+            buf = self.state[p]["momentum_buffer"].to_local()
+            self._momentum(buf, _local(p.grad), group, out)
+
+        def apply(p: DTensor, ortho: Tensor) -> None:
+            self._apply(p.to_local(), ortho, group, group["lr"] * self._lr_scale(p, group))
+
+        gathered = [p for p in params if placement.needs_gather(p)]
+        for p in params:
+            if not placement.needs_gather(p):  # a shard of whole expert matrices: nothing to gather
+                update = _empty_local(p, dtype)
+                produce(p, update)
+                apply(p, ns(update))
+        if self.mode == "owner_split":
+            self._exchange.run(
+                gathered,
+                lambda k, out: produce(gathered[k], out),
+                ns,
+                lambda k, rows: apply(gathered[k], rows),
+                dtype=dtype,
+            )
+            return
+        for p in gathered:
+            update = _empty_local(p, dtype)
+            produce(p, update)
+            apply(p, self._gathered_ns(update, p, ns))
+
+    def _momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any], out: Tensor) -> None:
+        """Advances ``buf`` and writes the update, rounded once to ``out``'s dtype, into ``out``."""
+        momentum_update(buf, grad, group["momentum"], group["nesterov"], group["momentum_form"], out=out)
 
     def _lr_scale(self, p: DTensor, group: dict[str, Any]) -> float:
         return lr_scale(p.shape, group["adjust_lr_fn"])
 
     def _apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
         apply_update(local, ortho, group["lr"], group["weight_decay"], scaled_lr)
-
-    def _orthogonalize_all(self, updates: list[Tensor], params: list[DTensor], group: dict[str, Any]) -> list[Tensor]:
-        ns = group_orthogonalizer(group, self.orthogonalize_fn)
-        out: list[Tensor | None] = [None] * len(params)
-        gathered = []
-        for i, (u, p) in enumerate(zip(updates, params, strict=True)):
-            if placement.needs_gather(p):
-                gathered.append(i)
-            else:
-                out[i] = ns(u)  # a shard of whole expert matrices: nothing to gather
-        if self.mode == "owner_split":
-            results = self._exchange.run([updates[i] for i in gathered], [params[i] for i in gathered], ns)
-            for i, r in zip(gathered, results, strict=True):
-                out[i] = r
-        else:
-            for i in gathered:
-                out[i] = self._gathered_ns(updates[i], params[i], ns)
-        return [o for o in out if o is not None]
 
     def _gathered_ns(self, update: Tensor, p: DTensor, ns: Callable[[Tensor], Tensor]) -> Tensor:
         return placement.local_rows(ns(placement.gather_full(update, p)), p)
@@ -148,6 +153,11 @@ def _local(t: Tensor | None) -> Tensor:
     if t is None:
         raise RuntimeError("a parameter without a gradient reached the update; step() filters them")
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _empty_local(p: DTensor, dtype: torch.dtype) -> Tensor:
+    shard = p.to_local()
+    return torch.empty(shard.shape, dtype=dtype, device=shard.device)
 
 
 def _zeros_like_sharded(p: DTensor) -> DTensor:

@@ -10,9 +10,10 @@ Two ways to get a full matrix to Newton–Schulz and its rows back:
 
 * ``gather_full`` / ``local_rows``: every rank gathers every matrix (DTensor's own
   ``full_tensor``), orthogonalizes it, keeps its rows. Simple to audit.
-* ``OwnerExchange``: each matrix has one owner rank (balanced by Newton–Schulz cost); one
-  ``all_to_all`` sends every shard to its owner, the owner orthogonalizes, a second
-  ``all_to_all`` sends the rows back. Each rank does 1/S of the matrix work.
+* ``OwnerExchange``: each matrix has one owner rank (balanced by Newton–Schulz cost);
+  every rank sends its rows to the owner, straight into the rows of one full-matrix
+  buffer, the owner orthogonalizes, and sends each rank its rows back; point-to-point
+  sends and receives batched per bucket. Each rank does 1/S of the matrix work.
 
 Both move tensors in the dtype Newton–Schulz runs in, which the reference casts to first
 anyway, so the bits are the reference's.
@@ -123,21 +124,30 @@ def _cost(shape: tuple[int, int]) -> int:
 
 def plan_buckets(shapes: Sequence[tuple[int, int]], shards: int, bucket_numel: int) -> list[list[_Item]]:
     """Buckets of matrices, largest first, each at most ``bucket_numel · shards`` elements
-    (or one matrix), with owners balanced *within* each bucket.
+    (or one round, below), with owners balanced *within* each bucket.
 
     Every bucket ends in an exchange all ranks wait for, so a bucket's time is its
     busiest owner's: balancing each bucket, not only the total, is what halves the time.
+    So buckets are made of rounds: ``shards`` matrices of one shape, one for each owner
+    (a shape's last round may be short), and a round is never split. A tall and a wide
+    matrix of equal cost still take different times, so only equal shapes share a round.
     """
-    order = sorted(range(len(shapes)), key=lambda i: (-_cost(shapes[i]), i))
+    order = sorted(range(len(shapes)), key=lambda i: (-_cost(shapes[i]), shapes[i], i))
+    rounds: list[list[int]] = []
+    for i in order:
+        if rounds and len(rounds[-1]) < shards and shapes[rounds[-1][0]] == shapes[i]:
+            rounds[-1].append(i)
+        else:
+            rounds.append([i])
     buckets: list[list[int]] = []
     current: list[int] = []
     used = 0
-    for i in order:
-        numel = shapes[i][0] * shapes[i][1]
+    for round_ in rounds:
+        numel = sum(shapes[i][0] * shapes[i][1] for i in round_)
         if current and used + numel > bucket_numel * shards:
             buckets.append(current)
             current, used = [], 0
-        current.append(i)
+        current += round_
         used += numel
     if current:
         buckets.append(current)
@@ -148,26 +158,49 @@ def plan_buckets(shapes: Sequence[tuple[int, int]], shards: int, bucket_numel: i
     return planned
 
 
-class _Exchange:
-    """One bucket's all-to-all in flight, and how to read what it brings."""
+def row_spans(rows: int, shards: int) -> list[slice]:
+    """Each shard's rows of a ``rows``-row matrix as a slice (``torch.chunk`` layout)."""
+    spans, start = [], 0
+    for n in chunk_rows(rows, shards):
+        spans.append(slice(start, start + n))
+        start += n
+    return spans
 
-    def __init__(self, work: Any, received: Tensor) -> None:
-        self.work = work
-        self.received = received
 
-    def wait(self) -> Tensor:
-        self.work.wait()
-        return self.received
+class _Transfer:
+    """Point-to-point sends and receives in flight (one batch), and what they fill."""
+
+    def __init__(self, ops: list[dist.P2POp], value: Any) -> None:
+        self.works = dist.batch_isend_irecv(ops) if ops else []
+        self.value = value
+
+    def wait(self) -> Any:
+        for work in self.works:
+            work.wait()
+        return self.value
+
+
+Produce = Callable[[int, Tensor], None]
+Apply = Callable[[int, Tensor], None]
 
 
 class OwnerExchange:
-    """Orthogonalizes a list of sharded matrices, each on one owner rank, bucket by bucket.
+    """Orthogonalizes sharded matrices, each on one owner rank, bucket by bucket.
 
-    ``run(updates, params, fn)`` takes each matrix's local update shard and returns this
-    rank's rows of ``fn(full_matrix)``. The next bucket's shards travel while this
-    bucket's matrices are orthogonalized, and results travel back while later buckets
-    compute. Extra memory per rank is about two buckets of ``bucket_numel`` elements of
-    full matrices plus this rank's shards of the results.
+    ``run(params, produce, fn, apply)``: for matrix ``k``, ``produce(k, out)`` writes this
+    rank's rows of the matrix (its local update shard) into ``out``; the owner
+    orthogonalizes the full matrix with ``fn``; and ``apply(k, rows)`` receives this rank's
+    rows of the result. Rows travel by point-to-point sends and receives, batched per
+    bucket, straight into place: the owner writes its own rows and receives the others'
+    into the rows of one full-matrix buffer, and sends each rank its rows of the result
+    (packed only when they are not one block of memory). The owner applies its own rows
+    of the result without a copy.
+
+    Pipeline: bucket ``k+1``'s shards travel while bucket ``k`` is orthogonalized, and
+    bucket ``k``'s results travel back while bucket ``k+1`` computes; each matrix is
+    produced just before its bucket is sent and applied as soon as its rows are back. So
+    extra memory per rank is about three buckets of ``bucket_numel`` elements per rank,
+    whatever the number of matrices.
     """
 
     def __init__(self, bucket_numel: int = 1 << 26) -> None:
@@ -175,105 +208,133 @@ class OwnerExchange:
             raise ValueError(f"bucket_numel={bucket_numel} must be positive")
         self.bucket_numel = bucket_numel
 
-    def run(self, updates: Sequence[Tensor], params: Sequence[DTensor], fn: Callable[[Tensor], Tensor]) -> list[Tensor]:
-        if not updates:
-            return []
+    def run(
+        self,
+        params: Sequence[DTensor],
+        produce: Produce,
+        fn: Callable[[Tensor], Tensor],
+        apply: Apply,
+        *,
+        dtype: torch.dtype,
+    ) -> None:
+        if not params:
+            return
         group = shard_group(params[0])
         shards = dist.get_world_size(group)
         me = dist.get_rank(group)
+        peers = [dist.get_global_rank(group, r) for r in range(shards)]
         shapes = [(int(p.shape[0]), int(p.shape[1])) for p in params]
-        for i, (u, (rows, _)) in enumerate(zip(updates, shapes, strict=True)):
-            if u.shape[0] != chunk_rows(rows, shards)[me]:
+        for k, (p, (rows, _)) in enumerate(zip(params, shapes, strict=True)):
+            local = p.to_local().shape[0]
+            if local != chunk_rows(rows, shards)[me]:
                 raise ValueError(
-                    f"matrix {i}: local shard has {u.shape[0]} rows; the torch.chunk layout of {rows} rows "
+                    f"matrix {k}: local shard has {local} rows; the torch.chunk layout of {rows} rows "
                     f"over {shards} ranks gives {chunk_rows(rows, shards)[me]} on rank {me}"
                 )
+        device = params[0].to_local().device
+        send = _Sender(group, shards, me, peers, device, dtype)
         buckets = plan_buckets(shapes, shards, self.bucket_numel)
-        out: list[Tensor] = [updates[0]] * len(updates)
-        inbound = self._send_shards(buckets[0], updates, group, shards, me)
-        outbound = []
+        inbound = send.shards(buckets[0], produce)
+        returning: _Transfer | None = None
         for k, bucket in enumerate(buckets):
-            received = inbound.wait()
-            if k + 1 < len(buckets):
-                inbound = self._send_shards(buckets[k + 1], updates, group, shards, me)
-            results = self._orthogonalize_owned(bucket, received, shards, me, fn)
-            outbound.append((bucket, self._send_results(bucket, results, group, shards, me, received)))
-        for bucket, exchange in outbound:
-            self._unpack(bucket, exchange.wait(), shards, me, out)
-        return out
-
-    @staticmethod
-    def _send_shards(
-        items: list[_Item], updates: Sequence[Tensor], group: dist.ProcessGroup, shards: int, me: int
-    ) -> _Exchange:
-        send = [updates[it.index].reshape(-1) for d in range(shards) for it in items if it.owner == d]
-        send_splits = [
-            sum(chunk_rows(it.rows, shards)[me] * it.cols for it in items if it.owner == d) for d in range(shards)
-        ]
-        mine = [it for it in items if it.owner == me]
-        recv_splits = [sum(chunk_rows(it.rows, shards)[s] * it.cols for it in mine) for s in range(shards)]
-        like = updates[items[0].index]
-        return _all_to_all(send, send_splits, recv_splits, like, group)
-
-    @staticmethod
-    def _orthogonalize_owned(
-        items: list[_Item], received: Tensor, shards: int, me: int, fn: Callable[[Tensor], Tensor]
-    ) -> list[Tensor]:
-        mine = [it for it in items if it.owner == me]
-        recv_splits = [sum(chunk_rows(it.rows, shards)[s] * it.cols for it in mine) for s in range(shards)]
-        per_source = [
-            piece.split([chunk_rows(it.rows, shards)[s] * it.cols for it in mine])
-            for s, piece in enumerate(received.split(recv_splits))
-        ]
-        results = []
-        for k, it in enumerate(mine):
-            full = torch.cat([per_source[s][k].view(-1, it.cols) for s in range(shards)], dim=0)
-            result = fn(full)
-            if result.dtype != full.dtype or result.shape != full.shape:
-                raise ValueError(
-                    f"the orthogonalization returned {result.dtype} {tuple(result.shape)} for a "
-                    f"{full.dtype} {tuple(full.shape)} input; it must keep dtype and shape"
-                )
-            results.append(result)
-        return results
-
-    @staticmethod
-    def _send_results(
-        items: list[_Item], results: list[Tensor], group: dist.ProcessGroup, shards: int, me: int, like: Tensor
-    ) -> _Exchange:
-        mine = [it for it in items if it.owner == me]
-        back: list[Tensor] = []
-        back_splits = []
-        for d in range(shards):
-            n = 0
-            for it, result in zip(mine, results, strict=True):
-                rows = chunk_rows(it.rows, shards)
-                block = result[sum(rows[:d]) : sum(rows[:d]) + rows[d]]
-                back.append(block.reshape(-1))
-                n += block.numel()
-            back_splits.append(n)
-        recv_splits = [
-            sum(chunk_rows(it.rows, shards)[me] * it.cols for it in items if it.owner == s) for s in range(shards)
-        ]
-        return _all_to_all(back, back_splits, recv_splits, like, group)
-
-    @staticmethod
-    def _unpack(items: list[_Item], returned: Tensor, shards: int, me: int, out: list[Tensor]) -> None:
-        splits = [
-            sum(chunk_rows(it.rows, shards)[me] * it.cols for it in items if it.owner == s) for s in range(shards)
-        ]
-        for s, piece in enumerate(returned.split(splits)):
-            owned = [it for it in items if it.owner == s]
-            sizes = [chunk_rows(it.rows, shards)[me] * it.cols for it in owned]
-            for it, block in zip(owned, piece.split(sizes), strict=True):
-                out[it.index] = block.view(chunk_rows(it.rows, shards)[me], it.cols)
+            upcoming = send.shards(buckets[k + 1], produce) if k + 1 < len(buckets) else None
+            fulls = inbound.wait()
+            results = {index: _checked(fn, full) for index, full in fulls.items()}
+            back = send.results(bucket, results, apply)
+            if returning is not None:
+                _apply_all(returning.wait(), apply)
+            returning = back
+            if upcoming is not None:
+                inbound = upcoming
+        if returning is not None:
+            _apply_all(returning.wait(), apply)
 
 
-def _all_to_all(
-    chunks: list[Tensor], send_splits: list[int], recv_splits: list[int], like: Tensor, group: dist.ProcessGroup
-) -> _Exchange:
-    """Starts an uneven all-to-all of ``chunks`` (in ``like``'s dtype and device)."""
-    send = torch.cat(chunks) if chunks else like.new_empty(0)
-    recv = like.new_empty(sum(recv_splits))
-    work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group, async_op=True)
-    return _Exchange(work, recv)
+class _Sender:
+    """Posts one bucket's transfers in the same order on every rank (point-to-point
+    operations pair up in the order they are posted)."""
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        shards: int,
+        me: int,
+        peers: list[int],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.group, self.world, self.me, self.peers = group, shards, me, peers
+        self.device, self.dtype = device, dtype
+
+    def _empty(self, rows: int, cols: int) -> Tensor:
+        return torch.empty(rows, cols, dtype=self.dtype, device=self.device)
+
+    def _op(self, op: Callable[..., Any], tensor: Tensor, rank: int) -> dist.P2POp:
+        return dist.P2POp(op, tensor, self.peers[rank], self.group)
+
+    def shards(self, items: list[_Item], produce: Produce) -> _Transfer:
+        """Produces this rank's rows of each matrix and sends them to the owner; the owner
+        writes its own rows into the full matrix and receives the others' rows there."""
+        ops: list[dist.P2POp] = []
+        fulls: dict[int, Tensor] = {}
+        for it in items:
+            spans = row_spans(it.rows, self.world)
+            if it.owner == self.me:
+                full = self._empty(it.rows, it.cols)
+                produce(it.index, full[spans[self.me]])
+                ops += [
+                    self._op(dist.irecv, full[span], s)
+                    for s, span in enumerate(spans)
+                    if s != self.me and span.stop > span.start
+                ]
+                fulls[it.index] = full
+            else:
+                mine = self._empty(spans[self.me].stop - spans[self.me].start, it.cols)
+                produce(it.index, mine)
+                if mine.numel():
+                    ops.append(self._op(dist.isend, mine, it.owner))
+        return _Transfer(ops, fulls)
+
+    def results(self, items: list[_Item], results: dict[int, Tensor], apply: Apply) -> _Transfer:
+        """Sends each rank its rows of the owned results and applies this rank's own rows
+        now; returns the transfer that brings this rank's rows of the others' results.
+
+        Rows of a tall matrix travel transposed: Newton–Schulz works on the transpose of a
+        tall matrix and returns a transposed view, so a block of its rows is a block of
+        whole rows of that transpose, which packs by plain row copies. The receiver applies
+        the transposed view; the numbers are the same, element by element.
+        """
+        ops: list[dist.P2POp] = []
+        incoming: list[tuple[int, Tensor]] = []
+        for it in items:
+            spans = row_spans(it.rows, self.world)
+            tall = it.rows > it.cols
+            if it.owner == self.me:
+                result = results[it.index]
+                for d, span in enumerate(spans):
+                    if d != self.me and span.stop > span.start:
+                        block = result[span].T if tall else result[span]
+                        ops.append(self._op(dist.isend, block.contiguous(), d))
+                apply(it.index, result[spans[self.me]])
+            else:
+                n = spans[self.me].stop - spans[self.me].start
+                wire = self._empty(it.cols, n) if tall else self._empty(n, it.cols)
+                if wire.numel():
+                    ops.append(self._op(dist.irecv, wire, it.owner))
+                incoming.append((it.index, wire.T if tall else wire))
+        return _Transfer(ops, incoming)
+
+
+def _apply_all(arrived: list[tuple[int, Tensor]], apply: Apply) -> None:
+    for index, rows in arrived:
+        apply(index, rows)
+
+
+def _checked(fn: Callable[[Tensor], Tensor], full: Tensor) -> Tensor:
+    result = fn(full)
+    if result.dtype != full.dtype or result.shape != full.shape:
+        raise ValueError(
+            f"the orthogonalization returned {result.dtype} {tuple(result.shape)} for a "
+            f"{full.dtype} {tuple(full.shape)} input; it must keep dtype and shape"
+        )
+    return result

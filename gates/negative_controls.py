@@ -82,15 +82,16 @@ class LocalShapeLrMuon(_AllRanks):
 class WrongNesterovMuon(_AllRanks):
     """Mixes Nesterov with the buffer from *before* this step's gradient was added."""
 
-    def _momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any]) -> Tensor:
+    def _momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any], out: Tensor) -> None:
         g = grad.float()
         old = buf.clone()
         mu = group["momentum"]
         if group["momentum_form"] == "ema":
             buf.lerp_(g, 1 - mu)
-            return g.lerp(old, mu) if group["nesterov"] else buf.clone()
-        buf.mul_(mu).add_(g)
-        return g.add(old, alpha=mu) if group["nesterov"] else buf.clone()
+            out.copy_(g.lerp(old, mu) if group["nesterov"] else buf)
+        else:
+            buf.mul_(mu).add_(g)
+            out.copy_(g.add(old, alpha=mu) if group["nesterov"] else buf)
 
 
 class DecayAfterUpdateMuon(_AllRanks):

@@ -285,7 +285,10 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
     locals_ = [s.to_local() for s in shards]
     if case.mode == "owner_split":
         # Tiny buckets: several exchanges per step, overlapping, as at scale.
-        got = placement.OwnerExchange(bucket_numel=256).run(locals_, shards, ns)
+        arrived: dict[int, Tensor] = {}
+        exchange = placement.OwnerExchange(bucket_numel=256)
+        exchange.run(shards, lambda k, out: out.copy_(locals_[k]), ns, arrived.__setitem__, dtype=settings["ns_dtype"])
+        got = [arrived[k] for k in range(len(shards))]
     else:
         got = [placement.local_rows(ns(placement.gather_full(u, s)), s) for u, s in zip(locals_, shards, strict=True)]
     records = []
