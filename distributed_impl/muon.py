@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from distributed_impl import placement
+from distributed_impl.batching import SameShapeBatching
 from reference import (
     Muon,
     adamw_update,
@@ -46,7 +47,9 @@ class ShardedMuon(Muon):
     Param groups may carry ``param_names`` (as ``named_parameters`` gives them) for errors.
 
     ``mode``: ``"all_ranks"`` (every rank orthogonalizes every matrix; easiest to audit)
-    or ``"owner_split"`` (each matrix on one owner rank, exchanged with all-to-all).
+    or ``"owner_split"`` (each matrix on one owner rank, exchanged point to point, in
+    buckets of about ``bucket_numel`` elements per rank; the owner batches equal shapes
+    of at most ``batch_numel`` elements where that is bitwise, see ``batching``; 0 = never).
     ``orthogonalize_fn``: the Newton–Schulz function, the reference's by default; it is
     called as ``fn(matrix, steps, ns_coefficients=…, eps=…, eps_form=…, dtype=…)``.
     Settings, validation and checkpoint loading are the reference's own.
@@ -58,6 +61,7 @@ class ShardedMuon(Muon):
         *,
         mode: Mode = "all_ranks",
         bucket_numel: int = 1 << 26,
+        batch_numel: int = 1 << 22,
         orthogonalize_fn: Orthogonalizer | None = None,
         **settings: Any,
     ) -> None:
@@ -65,6 +69,7 @@ class ShardedMuon(Muon):
             raise ValueError(f"mode={mode!r} is not one of {get_args(Mode)}")
         self.mode: Mode = mode
         self._exchange = placement.OwnerExchange(bucket_numel)
+        self._batching = SameShapeBatching(batch_numel)
         super().__init__(params, orthogonalize_fn=orthogonalize_fn, **settings)
 
     def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
@@ -104,7 +109,7 @@ class ShardedMuon(Muon):
             self._exchange.run(
                 gathered,
                 lambda k, out: produce(gathered[k], out),
-                ns,
+                self._batching.orthogonalizer(group, self.orthogonalize_fn),
                 lambda k, rows: apply(gathered[k], rows),
                 dtype=dtype,
             )

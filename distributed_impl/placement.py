@@ -189,7 +189,8 @@ class OwnerExchange:
 
     ``run(params, produce, fn, apply)``: for matrix ``k``, ``produce(k, out)`` writes this
     rank's rows of the matrix (its local update shard) into ``out``; the owner
-    orthogonalizes the full matrix with ``fn``; and ``apply(k, rows)`` receives this rank's
+    orthogonalizes its full matrices of a bucket with ``fn`` (a list in, a list out, so
+    that it may batch them); and ``apply(k, rows)`` receives this rank's
     rows of the result. Rows travel by point-to-point sends and receives, batched per
     bucket, straight into place: the owner writes its own rows and receives the others'
     into the rows of one full-matrix buffer, and sends each rank its rows of the result
@@ -212,7 +213,7 @@ class OwnerExchange:
         self,
         params: Sequence[DTensor],
         produce: Produce,
-        fn: Callable[[Tensor], Tensor],
+        fn: Callable[[list[Tensor]], list[Tensor]],
         apply: Apply,
         *,
         dtype: torch.dtype,
@@ -239,7 +240,9 @@ class OwnerExchange:
         for k, bucket in enumerate(buckets):
             upcoming = send.shards(buckets[k + 1], produce) if k + 1 < len(buckets) else None
             fulls = inbound.wait()
-            results = {index: _checked(fn, full) for index, full in fulls.items()}
+            owned = list(fulls)
+            done = fn([fulls[i] for i in owned])
+            results = {i: _checked(fulls[i], r) for i, r in zip(owned, done, strict=True)}
             back = send.results(bucket, results, apply)
             if returning is not None:
                 _apply_all(returning.wait(), apply)
@@ -330,8 +333,7 @@ def _apply_all(arrived: list[tuple[int, Tensor]], apply: Apply) -> None:
         apply(index, rows)
 
 
-def _checked(fn: Callable[[Tensor], Tensor], full: Tensor) -> Tensor:
-    result = fn(full)
+def _checked(full: Tensor, result: Tensor) -> Tensor:
     if result.dtype != full.dtype or result.shape != full.shape:
         raise ValueError(
             f"the orthogonalization returned {result.dtype} {tuple(result.shape)} for a "

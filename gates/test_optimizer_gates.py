@@ -107,6 +107,22 @@ EDGE_CASES = [
         steps=2,
         mode="owner_split",
     ),
+    # Stacks of equal shapes on one owner: batched Newton–Schulz from the second step,
+    # once the first proved it bitwise on this device (bf16 and fp32 Newton–Schulz).
+    _edge(
+        "same-shape-stacks",
+        *[ParamSpec(f"w{i}", (16, 12)) for i in range(6)],
+        *[ParamSpec(f"v{i}", (8, 24)) for i in range(4)],
+        steps=3,
+        mode="owner_split",
+    ),
+    _edge(
+        "same-shape-stacks-fp32-ns",
+        *[ParamSpec(f"w{i}", (16, 12)) for i in range(6)],
+        steps=3,
+        mode="owner_split",
+        settings=(("ns_dtype", "float32"),),
+    ),
     # Polar Express schedule past its five triples, float32 Newton–Schulz, Moonshot lr scale.
     _edge(
         "polar-express-7-steps-fp32",

@@ -287,7 +287,13 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
         # Tiny buckets: several exchanges per step, overlapping, as at scale.
         arrived: dict[int, Tensor] = {}
         exchange = placement.OwnerExchange(bucket_numel=256)
-        exchange.run(shards, lambda k, out: out.copy_(locals_[k]), ns, arrived.__setitem__, dtype=settings["ns_dtype"])
+        exchange.run(
+            shards,
+            lambda k, out: out.copy_(locals_[k]),
+            lambda matrices: [ns(m) for m in matrices],
+            arrived.__setitem__,
+            dtype=settings["ns_dtype"],
+        )
         got = [arrived[k] for k in range(len(shards))]
     else:
         got = [placement.local_rows(ns(placement.gather_full(u, s)), s) for u, s in zip(locals_, shards, strict=True)]

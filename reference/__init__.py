@@ -10,6 +10,7 @@ from reference.muon import (
     lr_scale,
     momentum_update,
     orthogonalize,
+    orthogonalize_batch,
     validate_settings,
 )
 
@@ -23,5 +24,6 @@ __all__ = [
     "lr_scale",
     "momentum_update",
     "orthogonalize",
+    "orthogonalize_batch",
     "validate_settings",
 ]
