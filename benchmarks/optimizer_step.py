@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--modes", default="all_ranks,owner_split")
     parser.add_argument("--bucket-numel", type=int, default=1 << 26, help="ShardedMuon's bucket_numel (owner_split)")
+    parser.add_argument("--batch-numel", type=int, default=1 << 22, help="ShardedMuon's batch_numel (0: never batch)")
     parser.add_argument("--profile", action="store_true", help="print rank 0's top kernels for one step of each mode")
     parser.add_argument("--trace", metavar="DIR", help="with --profile, also write each rank's Chrome trace to DIR")
     parser.add_argument(
