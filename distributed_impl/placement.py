@@ -180,7 +180,7 @@ class _Transfer:
         return self.value
 
 
-Produce = Callable[[int, Tensor], None]
+Produce = Callable[[int, Tensor], object]  # what it returns is ignored
 Apply = Callable[[int, Tensor], None]
 
 
