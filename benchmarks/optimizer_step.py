@@ -170,7 +170,7 @@ def main() -> None:
 
     contenders: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
         f"ShardedMuon {mode} ({world} ranks)": partial(
-            ShardedMuon, mode=mode, bucket_numel=args.bucket_numel, **SETTINGS
+            ShardedMuon, mode=mode, bucket_numel=args.bucket_numel, batch_numel=args.batch_numel, **SETTINGS
         )
         for mode in args.modes.split(",")
     }

@@ -1,0 +1,57 @@
+"""The benchmark tools themselves: the trace summary's arithmetic, and the optimizer-step
+benchmark end to end on two gloo ranks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.optimizer_step import STEP_LABEL
+from benchmarks.trace_summary import summarize
+
+
+def _kernel(name: str, ts: float, dur: float, grid: list[int] | None = None) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"grid": grid or [1, 1, 1]}}
+
+
+def test_trace_summary_charges_a_matmul_beside_nccl_with_its_slowdown() -> None:
+    ms = 1000.0  # trace times are in microseconds
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": "user_annotation", "name": STEP_LABEL, "ts": 0.0, "dur": 50 * ms},
+            _kernel("nvjet_tst_128x256", 100 * ms, 200 * ms),  # alone: 200 ms
+            _kernel("ncclDevKernel_SendRecv", 350 * ms, 400 * ms),
+            _kernel("nvjet_tst_128x256", 400 * ms, 300 * ms),  # beside NCCL: 300 ms, 100 more
+            _kernel("direct_copy_kernel_cuda", 800 * ms, 50 * ms),
+            _kernel("vectorized_elementwise_kernel", 900 * ms, 100 * ms),
+        ]
+    }
+    row = summarize(trace)
+    assert row["lead"] == 100 * ms
+    assert row["wall"] == 1000 * ms  # from entering step() to the last kernel's end
+    assert row["busy"] == 650 * ms
+    assert row["idle"] == 900 * ms - 650 * ms
+    assert (row["matmul"], row["copy"], row["other"]) == (500 * ms, 50 * ms, 100 * ms)
+    assert row["nccl"] == 400 * ms
+    assert row["mm|nccl"] == 300 * ms
+    assert row["mm+"] == 100 * ms
+    assert row["gaps"] == "200+100.0 600+100.0 750+50.0"  # from the first kernel, longest first
+
+
+def test_trace_summary_refuses_a_trace_without_device_kernels() -> None:
+    with pytest.raises(ValueError, match="no device kernels"):
+        summarize({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}]})
+
+
+def test_optimizer_step_benchmark_runs_on_two_gloo_ranks_and_is_bitwise() -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "benchmarks.optimizer_step", "--layers", "1", "--scale", "128", "--warmup", "0", "--iters", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {
+        line.split("  ")[0]: line for line in done.stdout.splitlines() if line.startswith(("reference", "ShardedMuon"))
+    }
+    assert set(rows) == {"reference (1 device)", "ShardedMuon all_ranks (2 ranks)", "ShardedMuon owner_split (2 ranks)"}
+    assert all(line.rstrip().endswith("yes") for name, line in rows.items() if name.startswith("ShardedMuon"))
