@@ -7,9 +7,10 @@ Default matrix set: ``--layers`` (32) × [4 × 4096×4096, 2 × 11008×4096, 1 �
 (6.48 B parameters at 32 layers), float32 parameters, bf16 Newton–Schulz, 5 iterations.
 ``--scale k`` divides every side by k for a quick run. All timings come from one run: the
 reference runs on rank 0's device alone (the others wait at a barrier), then each mode on
-every rank. Prints median seconds per step, the ratio to the reference, peak memory of rank 0
-during the steps on GPUs, and whether the modes' parameters equal the reference's bit for bit after
-the timed steps.
+every rank, each step starting after a barrier. Prints median seconds per step (the slowest
+rank's), the ratio to the reference, the host's seconds until ``step()`` returned (the rest is
+the device catching up), peak memory of rank 0 during the steps on GPUs, and whether the modes'
+parameters equal the reference's bit for bit after the timed steps.
 """
 
 from __future__ import annotations
@@ -78,30 +79,45 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time(step: Callable[[], None], device: torch.device, warmup: int, iters: int) -> list[float]:
+def _time(
+    step: Callable[[], None], device: torch.device, warmup: int, iters: int, *, together: bool, pause: float
+) -> tuple[list[float], list[float]]:
+    """Wall seconds of each step (to the device's last kernel) and the host's seconds until
+    ``step()`` returned. With ``together`` every rank starts each step after a barrier, so
+    no rank's time includes waiting for a peer that is still finishing the step before.
+    ``pause`` seconds of idling before each timed step let a power-capped device start it rested."""
     for _ in range(warmup):
         step()
-    times = []
+    times, host = [], []
     for _ in range(iters):
         _sync(device)
+        time.sleep(pause)
+        if together:
+            dist.barrier()
+            _sync(device)
         start = time.perf_counter()
         step()
+        host.append(time.perf_counter() - start)
         _sync(device)
         times.append(time.perf_counter() - start)
-    return times
+    return times, host
 
 
 def _peak_gib(device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
 
 
+STEP_LABEL = "benchmark step"  # the profiled step's host range, which benchmarks.trace_summary reads
+
+
 def _profile(step: Callable[[], None], mode: str, rank: int, trace_dir: str | None) -> None:
     """One more step on every rank under the profiler (a collective needs them all); rank 0
     prints its top kernels, and with ``trace_dir`` every rank writes a Chrome trace there."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
+        with record_function(STEP_LABEL):
+            step()
         torch.cuda.synchronize()
     if trace_dir:
         os.makedirs(trace_dir, exist_ok=True)
@@ -122,6 +138,17 @@ def main() -> None:
     parser.add_argument("--modes", default="all_ranks,owner_split")
     parser.add_argument("--bucket-numel", type=int, default=1 << 26, help="ShardedMuon's bucket_numel (owner_split)")
     parser.add_argument("--batch-numel", type=int, default=1 << 22, help="ShardedMuon's batch_numel (0: never batch)")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="idle this many seconds before each timed step (default 0: steps back to back, as in training)",
+    )
+    parser.add_argument(
+        "--reference-every-rank",
+        action="store_true",
+        help="also time the reference on every rank's device at once (how fast each device is under load)",
+    )
     parser.add_argument("--profile", action="store_true", help="print rank 0's top kernels for one step of each mode")
     parser.add_argument("--trace", metavar="DIR", help="with --profile, also write each rank's Chrome trace to DIR")
     parser.add_argument(
@@ -149,23 +176,41 @@ def main() -> None:
         grads = [torch.randn(s, generator=gen, device=device) for s in shapes]
         return params, grads
 
-    results: dict[str, tuple[float, float]] = {}
-    ref_final: list[torch.Tensor] = []
-    if rank == 0:
+    def reference_steps() -> tuple[list[float], list[float], reference.Muon, list[torch.nn.Parameter]]:
         params, grads = inputs()
         plain = [torch.nn.Parameter(p) for p in params]
         for p, g in zip(plain, grads, strict=True):
             p.grad = g
         opt = reference.Muon(plain, **SETTINGS)
-        times = _time(opt.step, device, args.warmup, args.iters)
-        results["reference (1 device)"] = (statistics.median(times), _peak_gib(device))
-        ref_final = [p.detach().cpu() for p in plain]
-        if args.profile:
-            _profile(opt.step, "reference (1 device)", rank, args.trace)  # after the copy: one more step
-        del opt, plain, params, grads
+        times, host = _time(opt.step, device, args.warmup, args.iters, together=False, pause=args.pause)
+        return times, host, opt, plain
+
+    def release() -> None:
         if use_cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
+
+    results: dict[str, tuple[float, float, float]] = {}  # median s, host median s, peak GiB
+    ref_final: list[torch.Tensor] = []
+    if rank == 0:
+        times, host, opt, plain = reference_steps()
+        results["reference (1 device)"] = (statistics.median(times), statistics.median(host), _peak_gib(device))
+        ref_final = [p.detach().cpu() for p in plain]
+        if args.profile:
+            _profile(opt.step, "reference (1 device)", rank, args.trace)  # after the copy: one more step
+        del opt, plain
+        release()
+    dist.barrier()
+    if args.reference_every_rank:
+        times, host, opt, plain = reference_steps()
+        del opt, plain
+        release()
+        medians = [torch.zeros(1, device=device) for _ in range(world)]
+        dist.all_gather(medians, torch.tensor([statistics.median(times)], device=device))
+        if rank == 0:
+            for r, median in enumerate(medians):
+                results[f"reference on rank {r} (all at once)"] = (float(median), float("nan"), float("nan"))
+
     dist.barrier()
 
     contenders: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
@@ -183,41 +228,41 @@ def main() -> None:
         for p, g in zip(sharded, grads, strict=True):
             p.grad = distribute_tensor(g, mesh, p.placements)
         del params, grads
-        if use_cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
+        release()
         try:
             opt = factory(sharded)
-            times = _time(opt.step, device, args.warmup, args.iters)
+            times, host = _time(opt.step, device, args.warmup, args.iters, together=True, pause=args.pause)
         except Exception as e:  # a peer that cannot run here is reported, not fatal
             if rank == 0:
                 print(f"{name}: {type(e).__name__}: {e}")
             continue
-        median = torch.tensor([statistics.median(times)], device=device)
-        dist.all_reduce(median, op=dist.ReduceOp.MAX)
+        slowest = torch.tensor([statistics.median(times), statistics.median(host)], device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         fulls = [p.full_tensor().cpu() for p in sharded]
         if args.profile:
             _profile(opt.step, name, rank, args.trace)  # after the comparison: it takes one more step
         if rank == 0:
-            results[name] = (float(median), _peak_gib(device))
+            results[name] = (float(slowest[0]), float(slowest[1]), _peak_gib(device))
             bitwise[name] = all(
                 torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(fulls, ref_final, strict=True)
             )
         del opt, sharded, fulls
-        if use_cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
+        release()
 
     if rank == 0:
         base = results["reference (1 device)"][0]
         print(
             f"{len(shapes)} matrices, {numel / 1e9:.2f} B parameters, {flops / 1e12:.0f} TFLOP of Newton–Schulz per step; "
-            f"{args.warmup} warm-up + {args.iters} timed steps; torch {torch.__version__} on {device.type}"
+            f"{args.warmup} warm-up + {args.iters} timed steps"
+            + (f", each after {args.pause:g} s idle" if args.pause else "")
+            + f"; torch {torch.__version__} on {device.type}"
         )
-        print(f"{'what':40} {'median s/step':>14} {'ratio':>7} {'peak GiB (rank 0)':>18} {'bitwise':>8}")
-        for name, (seconds, peak) in results.items():
+        print(
+            f"{'what':40} {'median s/step':>14} {'ratio':>7} {'host s/step':>12} {'peak GiB (rank 0)':>18} {'bitwise':>8}"
+        )
+        for name, (seconds, host_seconds, peak) in results.items():
             same = "" if name not in bitwise else ("yes" if bitwise[name] else "NO")
-            print(f"{name:40} {seconds:14.4f} {seconds / base:7.3f} {peak:18.1f} {same:>8}")
+            print(f"{name:40} {seconds:14.4f} {seconds / base:7.3f} {host_seconds:12.4f} {peak:18.1f} {same:>8}")
     dist.destroy_process_group()
 
 
