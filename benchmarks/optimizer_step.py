@@ -79,19 +79,36 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _pause(device: torch.device, seconds: float, busy: bool) -> None:
+    """Idles ``seconds``, or with ``busy`` keeps the device multiplying matrices as long:
+    the same pause without the rest, to tell a power limiter's effect from anything else."""
+    if not busy:
+        time.sleep(seconds)
+        return
+    side = 8192 if device.type == "cuda" else 256
+    a = torch.randn(side, side, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        _sync(device)
+
+
 def _time(
-    step: Callable[[], None], device: torch.device, warmup: int, iters: int, *, together: bool, pause: float
+    step: Callable[[], None], device: torch.device, warmup: int, iters: int, *, together: bool, pause: float, busy: bool
 ) -> tuple[list[float], list[float]]:
     """Wall seconds of each step (to the device's last kernel) and the host's seconds until
     ``step()`` returned. With ``together`` every rank starts each step after a barrier, so
     no rank's time includes waiting for a peer that is still finishing the step before.
-    ``pause`` seconds of idling before each timed step let a power-capped device start it rested."""
+    ``pause`` seconds before each timed step (idle, or ``busy``) let a power-capped device
+    start it rested (or not)."""
     for _ in range(warmup):
         step()
     times, host = [], []
     for _ in range(iters):
         _sync(device)
-        time.sleep(pause)
+        if pause:
+            _pause(device, pause, busy)
         if together:
             dist.barrier()
             _sync(device)
@@ -145,6 +162,9 @@ def main() -> None:
         help="idle this many seconds before each timed step (default 0: steps back to back, as in training)",
     )
     parser.add_argument(
+        "--busy-pause", action="store_true", help="keep the device multiplying matrices during --pause instead of idle"
+    )
+    parser.add_argument(
         "--reference-every-rank",
         action="store_true",
         help="also time the reference on every rank's device at once (how fast each device is under load)",
@@ -182,7 +202,9 @@ def main() -> None:
         for p, g in zip(plain, grads, strict=True):
             p.grad = g
         opt = reference.Muon(plain, **SETTINGS)
-        times, host = _time(opt.step, device, args.warmup, args.iters, together=False, pause=args.pause)
+        times, host = _time(
+            opt.step, device, args.warmup, args.iters, together=False, pause=args.pause, busy=args.busy_pause
+        )
         return times, host, opt, plain
 
     def release() -> None:
@@ -231,7 +253,9 @@ def main() -> None:
         release()
         try:
             opt = factory(sharded)
-            times, host = _time(opt.step, device, args.warmup, args.iters, together=True, pause=args.pause)
+            times, host = _time(
+                opt.step, device, args.warmup, args.iters, together=True, pause=args.pause, busy=args.busy_pause
+            )
         except Exception as e:  # a peer that cannot run here is reported, not fatal
             if rank == 0:
                 print(f"{name}: {type(e).__name__}: {e}")
@@ -254,7 +278,7 @@ def main() -> None:
         print(
             f"{len(shapes)} matrices, {numel / 1e9:.2f} B parameters, {flops / 1e12:.0f} TFLOP of Newton–Schulz per step; "
             f"{args.warmup} warm-up + {args.iters} timed steps"
-            + (f", each after {args.pause:g} s idle" if args.pause else "")
+            + (f", each after {args.pause:g} s {'busy' if args.busy_pause else 'idle'}" if args.pause else "")
             + f"; torch {torch.__version__} on {device.type}"
         )
         print(
