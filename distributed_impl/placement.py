@@ -168,20 +168,23 @@ def row_spans(rows: int, shards: int) -> list[slice]:
 
 
 class _Transfer:
-    """Point-to-point sends and receives in flight (one batch), and what they fill."""
+    """Point-to-point sends and receives in flight (one batch). ``wait`` may be called more
+    than once (a batch carries one bucket's results and a later bucket's shards); only the
+    first call waits, as gloo's send and receive works wait for one more completion on
+    every call."""
 
-    def __init__(self, ops: list[dist.P2POp], value: Any) -> None:
+    def __init__(self, ops: list[dist.P2POp]) -> None:
         self.works = dist.batch_isend_irecv(ops) if ops else []
-        self.value = value
 
-    def wait(self) -> Any:
-        for work in self.works:
+    def wait(self) -> None:
+        works, self.works = self.works, []
+        for work in works:
             work.wait()
-        return self.value
 
 
 Produce = Callable[[int, Tensor], object]  # what it returns is ignored
 Apply = Callable[[int, Tensor], None]
+Rows = list[tuple[int, Tensor]]  # (matrix index, this rank's rows of its result)
 
 
 class OwnerExchange:
@@ -191,17 +194,19 @@ class OwnerExchange:
     rank's rows of the matrix (its local update shard) into ``out``; the owner
     orthogonalizes its full matrices of a bucket with ``fn`` (a list in, a list out, so
     that it may batch them); and ``apply(k, rows)`` receives this rank's
-    rows of the result. Rows travel by point-to-point sends and receives, batched per
-    bucket, straight into place: the owner writes its own rows and receives the others'
-    into the rows of one full-matrix buffer, and sends each rank its rows of the result
-    (packed only when they are not one block of memory). The owner applies its own rows
-    of the result without a copy.
+    rows of the result. Rows travel by point-to-point sends and receives straight into
+    place: the owner writes its own rows and receives the others' into the rows of one
+    full-matrix buffer, and sends each rank its rows of the result (packed only when they
+    are not one block of memory). The owner applies its own rows of the result without a
+    copy.
 
-    Pipeline: bucket ``k+1``'s shards travel while bucket ``k`` is orthogonalized, and
-    bucket ``k``'s results travel back while bucket ``k+1`` computes; each matrix is
-    produced just before its bucket is sent and applied as soon as its rows are back. So
-    extra memory per rank is about three buckets of ``bucket_numel`` elements per rank,
-    whatever the number of matrices.
+    Pipeline: shards travel two buckets ahead. Right after bucket ``k`` is orthogonalized,
+    one batch of transfers carries bucket ``k``'s results back and bucket ``k+2``'s shards
+    out, while this rank applies results and forms updates (elementwise work) rather than
+    while it multiplies matrices, which an NCCL kernel beside them slows. Each matrix is
+    produced just before its bucket is sent and applied once its rows are back, so extra
+    memory per rank is about four buckets of ``bucket_numel`` elements per rank, whatever
+    the number of matrices.
     """
 
     def __init__(self, bucket_numel: int = 1 << 26) -> None:
@@ -226,35 +231,47 @@ class OwnerExchange:
         peers = [dist.get_global_rank(group, r) for r in range(shards)]
         shapes = [(int(p.shape[0]), int(p.shape[1])) for p in params]
         for k, (p, (rows, _)) in enumerate(zip(params, shapes, strict=True)):
-            local = p.to_local().shape[0]
-            if local != chunk_rows(rows, shards)[me]:
+            local, expected = p.to_local().shape[0], chunk_rows(rows, shards)[me]
+            if local != expected:
                 raise ValueError(
                     f"matrix {k}: local shard has {local} rows; the torch.chunk layout of {rows} rows "
-                    f"over {shards} ranks gives {chunk_rows(rows, shards)[me]} on rank {me}"
+                    f"over {shards} ranks gives {expected} on rank {me}"
                 )
         device = params[0].to_local().device
         send = _Sender(group, shards, me, peers, device, dtype)
         buckets = plan_buckets(shapes, shards, self.bucket_numel)
-        inbound = send.shards(buckets[0], produce)
-        returning: _Transfer | None = None
+        # inbound[k]: the transfer that brings bucket k's shards, and the full matrices it fills
+        inbound: dict[int, tuple[_Transfer, dict[int, Tensor]]] = {}
+        for k in range(min(2, len(buckets))):
+            ops, fulls = send.shards(buckets[k], produce)
+            inbound[k] = (_Transfer(ops), fulls)
+        returning: tuple[_Transfer, Rows] | None = None
         for k, bucket in enumerate(buckets):
-            upcoming = send.shards(buckets[k + 1], produce) if k + 1 < len(buckets) else None
-            fulls = inbound.wait()
+            arriving, fulls = inbound.pop(k)
+            arriving.wait()
             owned = list(fulls)
             done = fn([fulls[i] for i in owned])
             results = {i: _checked(fulls[i], r) for i, r in zip(owned, done, strict=True)}
-            back = send.results(bucket, results, apply)
+            ops, incoming, own = send.results(bucket, results)
+            ahead: dict[int, Tensor] = {}
+            if k + 2 < len(buckets):
+                shard_ops, ahead = send.shards(buckets[k + 2], produce)
+                ops += shard_ops
+            transfer = _Transfer(ops)
+            if k + 2 < len(buckets):
+                inbound[k + 2] = (transfer, ahead)
+            _apply_all(own, apply)
             if returning is not None:
-                _apply_all(returning.wait(), apply)
-            returning = back
-            if upcoming is not None:
-                inbound = upcoming
+                returning[0].wait()
+                _apply_all(returning[1], apply)
+            returning = (transfer, incoming)
         if returning is not None:
-            _apply_all(returning.wait(), apply)
+            returning[0].wait()
+            _apply_all(returning[1], apply)
 
 
 class _Sender:
-    """Posts one bucket's transfers in the same order on every rank (point-to-point
+    """Builds one bucket's transfers in the same order on every rank (point-to-point
     operations pair up in the order they are posted)."""
 
     def __init__(
@@ -275,9 +292,10 @@ class _Sender:
     def _op(self, op: Callable[..., Any], tensor: Tensor, rank: int) -> dist.P2POp:
         return dist.P2POp(op, tensor, self.peers[rank], self.group)
 
-    def shards(self, items: list[_Item], produce: Produce) -> _Transfer:
-        """Produces this rank's rows of each matrix and sends them to the owner; the owner
-        writes its own rows into the full matrix and receives the others' rows there."""
+    def shards(self, items: list[_Item], produce: Produce) -> tuple[list[dist.P2POp], dict[int, Tensor]]:
+        """Produces this rank's rows of each matrix, to be sent to the owner; the owner
+        writes its own rows into the full matrix and receives the others' rows there.
+        Returns the operations and the owner's full matrices they fill."""
         ops: list[dist.P2POp] = []
         fulls: dict[int, Tensor] = {}
         for it in items:
@@ -296,11 +314,12 @@ class _Sender:
                 produce(it.index, mine)
                 if mine.numel():
                     ops.append(self._op(dist.isend, mine, it.owner))
-        return _Transfer(ops, fulls)
+        return ops, fulls
 
-    def results(self, items: list[_Item], results: dict[int, Tensor], apply: Apply) -> _Transfer:
-        """Sends each rank its rows of the owned results and applies this rank's own rows
-        now; returns the transfer that brings this rank's rows of the others' results.
+    def results(self, items: list[_Item], results: dict[int, Tensor]) -> tuple[list[dist.P2POp], Rows, Rows]:
+        """The operations that send each rank its rows of the owned results and receive
+        this rank's rows of the others'; the rows those receives fill; and this rank's own
+        rows of its results, ready now.
 
         Rows of a tall matrix travel transposed: Newton–Schulz works on the transpose of a
         tall matrix and returns a transposed view, so a block of its rows is a block of
@@ -308,7 +327,8 @@ class _Sender:
         the transposed view; the numbers are the same, element by element.
         """
         ops: list[dist.P2POp] = []
-        incoming: list[tuple[int, Tensor]] = []
+        incoming: Rows = []
+        own: Rows = []
         for it in items:
             spans = row_spans(it.rows, self.world)
             tall = it.rows > it.cols
@@ -318,19 +338,19 @@ class _Sender:
                     if d != self.me and span.stop > span.start:
                         block = result[span].T if tall else result[span]
                         ops.append(self._op(dist.isend, block.contiguous(), d))
-                apply(it.index, result[spans[self.me]])
+                own.append((it.index, result[spans[self.me]]))
             else:
                 n = spans[self.me].stop - spans[self.me].start
                 wire = self._empty(it.cols, n) if tall else self._empty(n, it.cols)
                 if wire.numel():
                     ops.append(self._op(dist.irecv, wire, it.owner))
                 incoming.append((it.index, wire.T if tall else wire))
-        return _Transfer(ops, incoming)
+        return ops, incoming, own
 
 
-def _apply_all(arrived: list[tuple[int, Tensor]], apply: Apply) -> None:
-    for index, rows in arrived:
-        apply(index, rows)
+def _apply_all(rows: Rows, apply: Apply) -> None:
+    for index, r in rows:
+        apply(index, r)
 
 
 def _checked(full: Tensor, result: Tensor) -> Tensor:
