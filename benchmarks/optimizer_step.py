@@ -127,12 +127,16 @@ def _peak_gib(device: torch.device) -> float:
 STEP_LABEL = "benchmark step"  # the profiled step's host range, which benchmarks.trace_summary reads
 
 
-def _profile(step: Callable[[], None], mode: str, rank: int, trace_dir: str | None) -> None:
-    """One more step on every rank under the profiler (a collective needs them all); rank 0
-    prints its top kernels, and with ``trace_dir`` every rank writes a Chrome trace there."""
+def _profile(step: Callable[[], None], mode: str, rank: int, trace_dir: str | None, *, together: bool) -> None:
+    """One more step on every rank under the profiler (a collective needs them all), started
+    after a barrier with ``together``, as the timed steps are; rank 0 prints its top
+    kernels, and with ``trace_dir`` every rank writes a Chrome trace there."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        if together:  # inside: starting the profiler takes each rank a different time
+            dist.barrier()
+            torch.cuda.synchronize()
         with record_function(STEP_LABEL):
             step()
         torch.cuda.synchronize()
@@ -219,7 +223,9 @@ def main() -> None:
         results["reference (1 device)"] = (statistics.median(times), statistics.median(host), _peak_gib(device))
         ref_final = [p.detach().cpu() for p in plain]
         if args.profile:
-            _profile(opt.step, "reference (1 device)", rank, args.trace)  # after the copy: one more step
+            _profile(
+                opt.step, "reference (1 device)", rank, args.trace, together=False
+            )  # after the copy: one more step
         del opt, plain
         release()
     dist.barrier()
@@ -264,7 +270,7 @@ def main() -> None:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         fulls = [p.full_tensor().cpu() for p in sharded]
         if args.profile:
-            _profile(opt.step, name, rank, args.trace)  # after the comparison: it takes one more step
+            _profile(opt.step, name, rank, args.trace, together=True)  # after the comparison: it takes one more step
         if rank == 0:
             results[name] = (float(slowest[0]), float(slowest[1]), _peak_gib(device))
             bitwise[name] = all(

@@ -72,10 +72,12 @@ def overlap(interval: Interval, merged: list[Interval]) -> float:
 
 def summarize(trace: dict[str, Any]) -> dict[str, Any]:
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    kernels = [e for e in events if e.get("cat") in KERNEL_CATEGORIES]
+    steps = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == STEP_LABEL]
+    # Only the step's kernels: not the barrier's before it.
+    since = steps[0]["ts"] if steps else float("-inf")
+    kernels = [e for e in events if e.get("cat") in KERNEL_CATEGORIES and e["ts"] >= since]
     if not kernels:
         raise ValueError("the trace holds no device kernels (was it taken on a GPU?)")
-    steps = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == STEP_LABEL]
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in kernels:
         by_kind[kind(e)].append(e)

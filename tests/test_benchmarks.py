@@ -20,6 +20,7 @@ def test_trace_summary_charges_a_matmul_beside_nccl_with_its_slowdown() -> None:
     ms = 1000.0  # trace times are in microseconds
     trace = {
         "traceEvents": [
+            _kernel("ncclDevKernel_AllReduce", -20 * ms, 1 * ms),  # the barrier before the step: not counted
             {"ph": "X", "cat": "user_annotation", "name": STEP_LABEL, "ts": 0.0, "dur": 50 * ms},
             _kernel("nvjet_tst_128x256", 100 * ms, 200 * ms),  # alone: 200 ms
             _kernel("ncclDevKernel_SendRecv", 350 * ms, 400 * ms),
