@@ -100,11 +100,11 @@ class ShardedMuon(Muon):
             self._apply(p.to_local(), ortho, group, group["lr"] * self._lr_scale(p, group))
 
         gathered = [p for p in params if placement.needs_gather(p)]
-        for p in params:
-            if not placement.needs_gather(p):  # a shard of whole expert matrices: nothing to gather
-                update = _empty_local(p, dtype)
-                produce(p, update)
-                apply(p, ns(update))
+        whole = [p for p in params if not placement.needs_gather(p)]  # shards of whole expert matrices
+        for p in whole if self.mode == "owner_split" else whole + gathered:
+            update = _empty_local(p, dtype)
+            produce(p, update)
+            apply(p, self._gathered_ns(update, p, ns) if placement.needs_gather(p) else ns(update))
         if self.mode == "owner_split":
             self._exchange.run(
                 gathered,
@@ -113,11 +113,6 @@ class ShardedMuon(Muon):
                 lambda k, rows: apply(gathered[k], rows),
                 dtype=dtype,
             )
-            return
-        for p in gathered:
-            update = _empty_local(p, dtype)
-            produce(p, update)
-            apply(p, self._gathered_ns(update, p, ns))
 
     def _momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any], out: Tensor) -> None:
         """Advances ``buf`` and writes the update, rounded once to ``out``'s dtype, into ``out``."""

@@ -253,21 +253,18 @@ class OwnerExchange:
             done = fn([fulls[i] for i in owned])
             results = {i: _checked(fulls[i], r) for i, r in zip(owned, done, strict=True)}
             ops, incoming, own = send.results(bucket, results)
-            ahead: dict[int, Tensor] = {}
             if k + 2 < len(buckets):
                 shard_ops, ahead = send.shards(buckets[k + 2], produce)
-                ops += shard_ops
-            transfer = _Transfer(ops)
-            if k + 2 < len(buckets):
+                transfer = _Transfer(ops + shard_ops)
                 inbound[k + 2] = (transfer, ahead)
+            else:
+                transfer = _Transfer(ops)
             _apply_all(own, apply)
             if returning is not None:
-                returning[0].wait()
-                _apply_all(returning[1], apply)
+                _land(*returning, apply)
             returning = (transfer, incoming)
         if returning is not None:
-            returning[0].wait()
-            _apply_all(returning[1], apply)
+            _land(*returning, apply)
 
 
 class _Sender:
@@ -351,6 +348,12 @@ class _Sender:
 def _apply_all(rows: Rows, apply: Apply) -> None:
     for index, r in rows:
         apply(index, r)
+
+
+def _land(transfer: _Transfer, rows: Rows, apply: Apply) -> None:
+    """Waits for ``transfer`` to fill ``rows``, then applies them."""
+    transfer.wait()
+    _apply_all(rows, apply)
 
 
 def _checked(full: Tensor, result: Tensor) -> Tensor:
