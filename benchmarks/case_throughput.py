@@ -20,9 +20,9 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 
 from harness.cases import Case, ParamSpec, cases
-from harness.pool import RankPool
-from harness.runner import verdict_message
-from harness.tasks import last_phases, run_optimizer_case
+from harness.ranks import RankPool
+from harness.runner import Ran
+from harness.tasks.optimizer import last_phases, run_optimizer_case
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     rank0: dict[str, float] = defaultdict(float)
     failures = 0
     with RankPool(args.nproc) as pool:
-        pool.run(run_optimizer_case, ("warm-up", Case(params=(ParamSpec("w", (4, 4)),))))
+        pool.run(run_optimizer_case, Case(params=(ParamSpec("w", (4, 4)),)))
 
         @settings(
             max_examples=args.cases,
@@ -50,10 +50,10 @@ def main() -> None:
         def one(case: Case) -> None:
             nonlocal failures
             start = time.perf_counter()
-            outcome = pool.run(run_optimizer_case, ("throughput", case), world_size=case.world_size)
+            outcome = pool.run(run_optimizer_case, case, world_size=case.world_size)
             run_seconds.append(time.perf_counter() - start)
-            records = [r for per_rank in outcome.results if per_rank for r in per_rank]
-            failures += verdict_message(case, outcome, records) is not None
+            comparisons = tuple(c for r in outcome.results if r for c in r.comparisons)
+            failures += Ran(case, outcome, comparisons).message is not None
             asked = time.perf_counter()
             for phase, seconds in (pool.run(last_phases).results[0] or {}).items():
                 rank0[phase] += seconds

@@ -29,7 +29,7 @@ def _digest(t: Any) -> str:
 def _worker(spec: str, device: str, dtype: str, warm: list[tuple[int, int]]) -> dict[str, Any]:
     import torch
 
-    from harness.tasks import load_object
+    from harness.candidates import load_object
 
     fn = load_object(spec)
     dt = getattr(torch, dtype)

@@ -16,8 +16,8 @@ import time
 
 import torch.multiprocessing as tmp
 
-from harness import selftest_tasks
-from harness.pool import RankPool
+from harness.ranks import RankPool
+from harness.tasks import selftest as selftest_tasks
 
 
 def _spawned_case(rank: int, nproc: int, init_file: str) -> None:

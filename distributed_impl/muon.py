@@ -10,9 +10,9 @@ formed just before it travels and applied as soon as its rows are back, so no st
 every matrix's update at once. The lr scale comes from the *global*
 matrix shape. AdamW runs on local shards as it is elementwise.
 
-The math is imported from ``reference``; placement and communication live in
-``distributed_impl.placement``. This module owns only the order of the steps. Subclasses
-(the negative controls in ``gates/``) override one hook each to plant a known bug.
+The math is imported from ``reference``; where rows live is ``distributed_impl.placement``'s,
+and the owner-split exchange is ``distributed_impl.exchange``'s. This module owns only the
+order of the steps.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from distributed_impl import placement
 from distributed_impl.batching import SameShapeBatching
+from distributed_impl.exchange import OwnerExchange
 from reference import (
     Muon,
     adamw_update,
@@ -68,7 +69,7 @@ class ShardedMuon(Muon):
         if mode not in get_args(Mode):
             raise ValueError(f"mode={mode!r} is not one of {get_args(Mode)}")
         self.mode: Mode = mode
-        self._exchange = placement.OwnerExchange(bucket_numel)
+        self._exchange = OwnerExchange(bucket_numel)
         self._batching = SameShapeBatching(batch_numel)
         super().__init__(params, orthogonalize_fn=orthogonalize_fn, **settings)
 
@@ -94,17 +95,21 @@ class ShardedMuon(Muon):
 
         def produce(p: DTensor, out: Tensor) -> None:
             buf = self.state[p]["momentum_buffer"].to_local()
-            self._momentum(buf, _local(p.grad), group, out)
+            momentum_update(buf, _local(p.grad), group["momentum"], group["nesterov"], group["momentum_form"], out=out)
 
         def apply(p: DTensor, ortho: Tensor) -> None:
-            self._apply(p.to_local(), ortho, group, group["lr"] * self._lr_scale(p, group))
+            scaled_lr = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])  # the global shape
+            apply_update(p.to_local(), ortho, group["lr"], group["weight_decay"], scaled_lr)
 
         gathered = [p for p in params if placement.needs_gather(p)]
         whole = [p for p in params if not placement.needs_gather(p)]  # shards of whole expert matrices
         for p in whole if self.mode == "owner_split" else whole + gathered:
             update = _empty_local(p, dtype)
             produce(p, update)
-            apply(p, self._gathered_ns(update, p, ns) if placement.needs_gather(p) else ns(update))
+            if placement.needs_gather(p):
+                apply(p, placement.local_rows(ns(placement.gather_full(update, p)), p))
+            else:
+                apply(p, ns(update))
         if self.mode == "owner_split":
             self._exchange.run(
                 gathered,
@@ -113,19 +118,6 @@ class ShardedMuon(Muon):
                 lambda k, rows: apply(gathered[k], rows),
                 dtype=dtype,
             )
-
-    def _momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any], out: Tensor) -> None:
-        """Advances ``buf`` and writes the update, rounded once to ``out``'s dtype, into ``out``."""
-        momentum_update(buf, grad, group["momentum"], group["nesterov"], group["momentum_form"], out=out)
-
-    def _lr_scale(self, p: DTensor, group: dict[str, Any]) -> float:
-        return lr_scale(p.shape, group["adjust_lr_fn"])
-
-    def _apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
-        apply_update(local, ortho, group["lr"], group["weight_decay"], scaled_lr)
-
-    def _gathered_ns(self, update: Tensor, p: DTensor, ns: Callable[[Tensor], Tensor]) -> Tensor:
-        return placement.local_rows(ns(placement.gather_full(update, p)), p)
 
     # -- AdamW --------------------------------------------------------------------------
     def _adamw_group(self, params: list[DTensor], group: dict[str, Any]) -> None:

@@ -2,24 +2,26 @@
 
 It is ``distributed_impl.ShardedMuon`` with weight decay computed from the *scaled* lr
 (lr · √max(1, rows/cols)) instead of the plain lr: a one-line slip that only shows on
-tall matrices with weight decay, which is what the gates must find and shrink to.
+tall matrices with weight decay, which is what the gates must find and shrink to. It is
+planted through the public API alone: each Muon matrix gets a param group of its own whose
+weight decay is multiplied by that matrix's lr scale.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor
-
 from distributed_impl import ShardedMuon
-from reference import apply_update
+from reference import lr_scale
 
 
-class BrokenMuon(ShardedMuon):
-    def _apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
-        decay_with_scaled_lr = group["weight_decay"] * scaled_lr / group["lr"] if group["lr"] else 0.0
-        apply_update(local, ortho, group["lr"], decay_with_scaled_lr, scaled_lr)
-
-
-def broken_muon(param_groups: list[dict[str, Any]], **settings: Any) -> BrokenMuon:
-    return BrokenMuon(param_groups, **settings)
+def broken_muon(param_groups: list[dict[str, Any]], **settings: Any) -> ShardedMuon:
+    groups = []
+    for group in param_groups:
+        if not group["use_muon"]:
+            groups.append(group)
+            continue
+        for name, p in zip(group["param_names"], group["params"], strict=True):
+            decay = settings["weight_decay"] * lr_scale(p.shape, settings["adjust_lr_fn"])
+            groups.append({"params": [p], "param_names": [name], "use_muon": True, "weight_decay": decay})
+    return ShardedMuon(groups, **settings)

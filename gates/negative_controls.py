@@ -1,88 +1,139 @@
 """Known-wrong sharded Muons. Each plants one bug that real implementations have shipped;
 the gates must catch every one (``test_negative_controls.py``), or they prove nothing.
 
-Each class overrides exactly one hook of ``ShardedMuon`` and always runs in
-``all_ranks`` mode, so the bug is the only difference from the real implementation.
+They are built from public parts only, so that they test the gates and not muongate's own
+optimizer: the reference's math (``reference``) and DTensor's own gather and scatter
+(``full_tensor``, ``distribute_tensor``). ``PlantedMuon`` is a plain, correct
+gather–orthogonalize–scatter Muon; each control overrides exactly one of its steps, so
+the bug is the only difference (``test_unplanted_control_matches_the_reference`` holds
+``PlantedMuon`` itself to the reference).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-from distributed_impl import ShardedMuon, placement
-from reference import apply_update, lr_scale
-
-
-class _AllRanks(ShardedMuon):
-    def __init__(self, params: Any, **kwargs: Any) -> None:
-        kwargs["mode"] = "all_ranks"
-        super().__init__(params, **kwargs)
+from reference import Muon, adamw_update, apply_update, group_orthogonalizer, lr_scale, momentum_update
 
 
-class PartialNormMuon(_AllRanks):
+def _zeros(p: DTensor) -> DTensor:
+    return cast(DTensor, torch.zeros_like(p, dtype=torch.float32))
+
+
+class PlantedMuon(Muon):
+    """Muon on DTensor parameters: momentum on the local piece, the full update gathered on
+    every rank, the reference's Newton–Schulz, this rank's piece of the result applied."""
+
+    def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
+        if not isinstance(p, DTensor):
+            raise TypeError(f"parameter {name!r}: expected a DTensor, got a plain tensor of shape {tuple(p.shape)}")
+        super()._check_param(name, p, use_muon)
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        dp, dgrad = cast(DTensor, p), cast(DTensor, grad)
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = _zeros(dp)
+        update = torch.empty(dp.to_local().shape, dtype=group["ns_dtype"], device=dp.to_local().device)
+        self.momentum(state["momentum_buffer"].to_local(), dgrad.to_local(), group, update)
+        ortho = self.orthogonalized_piece(update, dp, group_orthogonalizer(group, self.orthogonalize_fn))
+        self.apply(dp.to_local(), ortho, group, group["lr"] * self.scale(dp, group))
+
+    def _adamw_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:  # type: ignore[override]
+        dp = cast(DTensor, p)
+        if "step" not in state:
+            state.update(step=0, exp_avg=_zeros(dp), exp_avg_sq=_zeros(dp))
+        state["step"] += 1
+        adamw_update(
+            dp.to_local(),
+            cast(DTensor, grad).to_local(),
+            state["exp_avg"].to_local(),
+            state["exp_avg_sq"].to_local(),
+            state["step"],
+            lr=group["adamw_lr"],
+            betas=group["adamw_betas"],
+            eps=group["adamw_eps"],
+            weight_decay=group["adamw_weight_decay"],
+        )
+
+    # -- the steps a control may get wrong --------------------------------------------
+    def momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any], out: Tensor) -> None:
+        momentum_update(buf, grad, group["momentum"], group["nesterov"], group["momentum_form"], out=out)
+
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        full = _as_dtensor(update, p).full_tensor()
+        return _piece(ns(full), p)
+
+    def scale(self, p: DTensor, group: dict[str, Any]) -> float:
+        return lr_scale(p.shape, group["adjust_lr_fn"])
+
+    def apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
+        apply_update(local, ortho, group["lr"], group["weight_decay"], scaled_lr)
+
+
+def _as_dtensor(local: Tensor, p: DTensor) -> DTensor:
+    return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+
+
+def _piece(full: Tensor, p: DTensor) -> Tensor:
+    return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+
+
+class PartialNormMuon(PlantedMuon):
     """Normalizes each shard by a Frobenius norm all-reduced from per-shard partial sums
     before gathering, instead of taking the norm of the gathered matrix."""
 
-    def _gathered_ns(self, update: Tensor, p: DTensor, ns: Callable[[Tensor], Tensor]) -> Tensor:
-        sq = update.float().pow(2).sum().reshape(1)
-        dist.all_reduce(sq, group=placement.shard_group(p))
-        normalized = (update.float() / (sq.sqrt() + 1e-7)).to(update.dtype)
-        return placement.local_rows(ns(placement.gather_full(normalized, p)), p)
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        squares = cast(DTensor, _as_dtensor(update.float().pow(2), p).sum()).full_tensor()
+        normalized = (update.float() / (squares.sqrt() + 1e-7)).to(update.dtype)
+        return super().orthogonalized_piece(normalized, p, ns)
 
 
-class LocalRowsMuon(_AllRanks):
+class LocalRowsMuon(PlantedMuon):
     """Orthogonalizes only this rank's rows: block-wise, not the full matrix."""
 
-    def _gathered_ns(self, update: Tensor, p: DTensor, ns: Callable[[Tensor], Tensor]) -> Tensor:
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
         return ns(update) if update.shape[0] else update
 
 
-class PaddedGatherMuon(_AllRanks):
+class PaddedGatherMuon(PlantedMuon):
     """Gathers equal-sized padded shards and leaves the zero padding rows in the matrix."""
 
-    def _gathered_ns(self, update: Tensor, p: DTensor, ns: Callable[[Tensor], Tensor]) -> Tensor:
-        group = placement.shard_group(p)
-        shards = dist.get_world_size(group)
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        mesh = p.device_mesh
+        shards = mesh.size(mesh.ndim - 1)
         per = math.ceil(p.shape[0] / shards)
         padded = torch.zeros((per, *update.shape[1:]), dtype=update.dtype, device=update.device)
         padded[: update.shape[0]] = update
-        parts = [torch.empty_like(padded) for _ in range(shards)]
-        dist.all_gather(parts, padded, group=group)
-        full = ns(torch.cat(parts))
-        me = dist.get_rank(group)
+        full = ns(DTensor.from_local(padded, mesh, p.placements, run_check=False).full_tensor())
+        me = mesh.get_local_rank(mesh.ndim - 1)
         return full[me * per : me * per + update.shape[0]]
 
 
-class OffByOneRowsMuon(_AllRanks):
+class OffByOneRowsMuon(PlantedMuon):
     """Takes this rank's rows of the orthogonalized matrix one row late: an off-by-one
     shard boundary (rows ``start + 1 .. end + 1``, wrapping round at the end)."""
 
-    def _gathered_ns(self, update: Tensor, p: DTensor, ns: Callable[[Tensor], Tensor]) -> Tensor:
-        full = ns(placement.gather_full(update, p))
-        return placement.local_rows(torch.roll(full, -1, dims=0), p)
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        return _piece(torch.roll(ns(_as_dtensor(update, p).full_tensor()), -1, dims=0), p)
 
 
-class LocalShapeLrMuon(_AllRanks):
+class LocalShapeLrMuon(PlantedMuon):
     """Computes the lr scale from the local shard's shape instead of the matrix's."""
 
-    def _lr_scale(self, p: DTensor, group: dict[str, Any]) -> float:
+    def scale(self, p: DTensor, group: dict[str, Any]) -> float:
         shape = p.to_local().shape
-        if shape[-2] == 0:
-            return 1.0
-        return lr_scale(shape, group["adjust_lr_fn"])
+        return 1.0 if shape[-2] == 0 else lr_scale(shape, group["adjust_lr_fn"])
 
 
-class WrongNesterovMuon(_AllRanks):
+class WrongNesterovMuon(PlantedMuon):
     """Mixes Nesterov with the buffer from *before* this step's gradient was added."""
 
-    def _momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any], out: Tensor) -> None:
+    def momentum(self, buf: Tensor, grad: Tensor, group: dict[str, Any], out: Tensor) -> None:
         g = grad.float()
         old = buf.clone()
         mu = group["momentum"]
@@ -94,10 +145,10 @@ class WrongNesterovMuon(_AllRanks):
             out.copy_(g.add(old, alpha=mu) if group["nesterov"] else buf)
 
 
-class DecayAfterUpdateMuon(_AllRanks):
+class DecayAfterUpdateMuon(PlantedMuon):
     """Applies weight decay after the orthogonalized update instead of before it."""
 
-    def _apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
+    def apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
         apply_update(local, ortho, group["lr"], 0.0, scaled_lr)
         if group["weight_decay"]:
             p = local.float()
@@ -105,8 +156,8 @@ class DecayAfterUpdateMuon(_AllRanks):
             local.copy_(p)
 
 
-NEGATIVE_CONTROLS = {
-    cls.__name__: f"{__name__}:{cls.__name__}"
+NEGATIVE_CONTROLS: dict[str, type[PlantedMuon]] = {
+    cls.__name__: cls
     for cls in (
         PartialNormMuon,
         LocalRowsMuon,

@@ -1,5 +1,6 @@
 """Claims about a Newton–Schulz kernel: ``--kernel MODULE:FN``, or without it the shipped
-Polar Express example (``examples/polar_express_kernel.py``). Contract: ``harness/kernels.py``.
+Polar Express example (``examples/polar_express_kernel.py``). Contract:
+``harness/candidates/kernel.py``.
 
 (a) the sharded optimizer with the kernel computes the reference with the kernel, bitwise;
 (b) the kernel computes the reference's Newton–Schulz within the ``kernel_fp32`` tier (and
@@ -18,11 +19,12 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import Phase, find, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.cases import Case, cases, matrix_shapes
-from harness.kernels import BAND_MARGIN, EDGE_INPUTS, Kernel, KernelCase
+from harness.candidates import Kernel
+from harness.cases import Case, KernelCase, cases, matrix_shapes
+from harness.tasks.kernel import BAND_MARGIN, EDGE_INPUTS
 
 pytestmark = pytest.mark.gate
 
@@ -39,19 +41,11 @@ def kernel(gate_runner: Any) -> Kernel:
     return gate_runner.kernel or Kernel.load(EXAMPLE)
 
 
-def _vs_reference(gate_runner: Any, gate: str, case: KernelCase, *, record: bool = True) -> str | None:
-    """``None`` when the kernel is within its tier of the reference on this input, else why not."""
-    r = gate_runner.kernel_case(gate, case, record=record)["record"]
-    message = (
-        None
-        if r["passed"]
-        else f"{case.describe()}: relative Frobenius error {r['rel_fro']:.3g}, max|diff| {r['max_abs_diff']:.3g} "
-        f"[{r['tier']}], worst at {r['worst_index']}: reference {r['expected_at_worst']!r}, "
-        f"kernel {r['actual_at_worst']!r}"
-    )
-    if record:
-        gate_runner.record_case(gate, case.describe(), message is None, message or "", tier=r["tier"])
-    return message
+def _off_reference(gate_runner: Any, case: KernelCase) -> tuple[str | None, Any]:
+    """Why the kernel is outside its tier of the reference on this input (``None``: it is not), and the run."""
+    ran = gate_runner.measured("kernel:vs_reference", case, task="kernel")
+    c = ran.comparisons[0]
+    return (None if c.passed else f"relative Frobenius error {c.rel_fro:.3g} outside its tier: {c.line()}"), ran
 
 
 @given(case=cases(max_world=NPROC, max_steps=2, max_params=2, adamw=False))
@@ -67,8 +61,18 @@ def test_sharded_optimizer_with_the_kernel_matches_reference_with_the_kernel_bit
 def test_kernel_matches_reference_newton_schulz_within_its_tier(
     gate_runner: Any, kernel: Kernel, shape: tuple[int, ...], dtype: str, seed: int
 ) -> None:
-    message = _vs_reference(gate_runner, "kernel:vs_reference", KernelCase(kernel, shape, dtype, seed=seed))
-    assert message is None, message
+    case = KernelCase(kernel, shape, dtype, seed=seed)
+    message, ran = _off_reference(gate_runner, case)
+    tier = ran.comparisons[0].tier
+    gate_runner.judge(
+        "kernel:vs_reference",
+        case.describe(),
+        message is None,
+        message or "",
+        tier=tier,
+        comparisons=ran.comparisons,
+        seconds=ran.outcome.seconds,
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -80,25 +84,23 @@ def test_kernel_spectrum_stays_in_the_reference_band_against_float64_polar_facto
     every singular value 1. The kernel's must lie in the reference's range on the same
     input, widened by ``BAND_MARGIN``; ‖OOᵀ − I‖ is reported."""
     case = KernelCase(kernel, shape, dtype, "spectrum")
-    f = gate_runner.kernel_case("kernel:oracle", case, record=False)
+    ran = gate_runner.measured("kernel:oracle", case, task="kernel")
+    f = ran.figures
     ref_lo, ref_hi = min(f["reference_sv"]), max(f["reference_sv"])
     lo, hi = min(f["kernel_sv"]), max(f["kernel_sv"])
     band = (round(ref_lo - BAND_MARGIN, 4), round(ref_hi + BAND_MARGIN, 4))
-    passed = band[0] <= lo and hi <= band[1]
     worst = max(f["kernel_sv"], key=lambda v: abs(v - 1.0))
-    message = (
+    gate_runner.judge(
+        "kernel:oracle",
+        case.describe(),
+        band[0] <= lo and hi <= band[1],
         f"singular values in [{lo:.3f}, {hi:.3f}] (worst {worst:.3f}), band {band}; "
-        f"‖OOᵀ − I‖₂ {f['orthogonality_error']:.3f}"
+        f"‖OOᵀ − I‖₂ {f['orthogonality_error']:.3f}",
+        tier="oracle",
+        figures={"sv_min": lo, "sv_max": hi, "orthogonality_error": f["orthogonality_error"]},
+        spectrum={"shape": shape, "dtype": dtype, "singular_values": f["kernel_sv"], "band": band},
+        seconds=ran.outcome.seconds,
     )
-    gate_runner.stream.write(
-        {"kind": "spectrum", "gate": "kernel:oracle", "shape": shape, "dtype": dtype,
-         "singular_values": f["kernel_sv"], "band": band},
-    )  # fmt: skip
-    gate_runner.record_case(
-        "kernel:oracle", case.describe(), passed, message, tier="oracle", sv_min=lo, sv_max=hi,
-        orthogonality_error=f["orthogonality_error"],
-    )  # fmt: skip
-    assert passed, message
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -113,32 +115,38 @@ def test_kernel_behaves_like_the_reference_on_edge_inputs(
     reported: e.g. a 1e30-scaled input gives an all-zero update in the reference, because
     its Frobenius norm overflows to inf."""
     case = KernelCase(kernel, (16, 24), dtype, edge)  # type: ignore[arg-type]
-    f = gate_runner.kernel_case("kernel:edge", case)
-    r = f["record"]
-    same_class = f["kernel_finite"] == f["reference_finite"]
-    passed = same_class and (not f["reference_finite"] or dtype == "bfloat16" or r["passed"])
+    ran = gate_runner.measured("kernel:edge", case, task="kernel")
+    f, c = ran.figures, ran.comparisons[0]
+    judged_within_tier = f["reference_finite"] and dtype == "float32"
+    passed = f["kernel_finite"] == f["reference_finite"] and (not judged_within_tier or c.passed)
     message = (
         f"{edge}: reference {'finite' if f['reference_finite'] else 'non-finite'}, kernel "
-        f"{'finite' if f['kernel_finite'] else 'non-finite'} (max |x| {f['kernel_max_abs']:.3g}); "
-        f"relative Frobenius error {r['rel_fro']:.3g}"
+        f"{'finite' if f['kernel_finite'] else 'non-finite'} (max |x| {f['kernel_max_abs']:.3g})"
+        + (f"; relative Frobenius error {c.rel_fro:.3g}" if judged_within_tier else "")
     )
-    gate_runner.record_case("kernel:edge", case.describe(), passed, message, tier="edge")
-    assert passed, message
+    # Only a comparison the tier judges is reported: elsewhere finiteness is the verdict.
+    gate_runner.judge(
+        "kernel:edge",
+        case.describe(),
+        passed,
+        message,
+        tier="edge",
+        comparisons=ran.comparisons if judged_within_tier else (),
+        seconds=ran.outcome.seconds,
+    )
 
 
 def test_kernel_gates_catch_the_broken_kernel_and_shrink_it(gate_runner: Any) -> None:
     broken = Kernel.load(BROKEN)
 
-    def caught(shape: tuple[int, ...]) -> bool:
-        return (
-            _vs_reference(gate_runner, "negative:broken_kernel", KernelCase(broken, shape, "float32"), record=False)
-            is not None
-        )
+    def caught(shape: tuple[int, ...]) -> str | None:
+        return _off_reference(gate_runner, KernelCase(broken, shape, "float32"))[0]
 
-    minimal = find(shapes, caught, settings=settings(max_examples=200, phases=[Phase.generate, Phase.shrink]))
-    gate_runner.stream.write(
-        {"kind": "negative_control", "gate": "negative:BrokenKernel", "detected": True,
-         "case": KernelCase(broken, minimal, "float32").describe()},
-        sync=True,
-    )  # fmt: skip
+    minimal = gate_runner.catch(
+        "negative:BrokenKernel",
+        shapes,
+        caught,
+        lambda shape: KernelCase(broken, shape, "float32").describe(),
+        max_examples=200,
+    )
     assert max(minimal) <= 4, f"shrunk only to {minimal}"

@@ -1,4 +1,4 @@
-"""Claims about the mixture-of-experts empty-expert deadlock (``harness.moe``).
+"""Claims about the mixture-of-experts empty-expert deadlock (``harness.models.moe``).
 
 1. The naive model (an expert with no tokens on a rank is skipped there) fails, on
    purpose and deterministically, in each way users meet: a hang, an abort, silent
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.moe import MoECase, reduce_scatter_unused_available
+from harness.models.moe import MoECase, reduce_scatter_unused_available
 
 pytestmark = pytest.mark.gate
 

@@ -3,7 +3,7 @@
 
 How both sides get identical inputs: every rank draws parameters and gradients on the CPU
 from the case's seed, runs the reference on the full tensors and the candidate on real
-FSDP2 shards of the same tensors, and compares its own rows (``harness.tasks``).
+FSDP2 shards of the same tensors, and compares its own rows (``harness.tasks.optimizer``).
 
 Why the tier is bitwise everywhere here: the candidate runs the reference's own functions
 on the same device; gathering a matrix and taking rows back moves bits without
@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.cases import Case, ParamSpec, cases
-from harness.tasks import backward_model_case
+from harness.tasks.optimizer import backward_model_case
 
 pytestmark = pytest.mark.gate
 
@@ -31,6 +31,9 @@ NPROC = int(__import__("os").environ.get("MUONGATE_NPROC", "2"))
 
 @given(case=cases(max_world=NPROC, max_steps=1, max_params=3, adamw=False, experts=False))
 def test_gathered_matrix_orthogonalizes_to_reference_rows_bitwise(gate_runner: Any, case: Case) -> None:
+    """Judges muongate's own gather and owner exchange (``distributed_impl``), not a candidate."""
+    if gate_runner.impl is not None:
+        pytest.skip(f"tests muongate's own placement and exchange code, which {gate_runner.impl.spec} does not use")
     gate_runner.check("orthogonalize_gathered", case, task="orthogonalize")
 
 
@@ -164,36 +167,32 @@ ORACLE_BAND = (0.6, 1.25)
 
 @pytest.mark.parametrize("shape", [(64, 64), (128, 32), (32, 128), (100, 37)])
 @pytest.mark.parametrize("ns_dtype", ["bfloat16", "float32"])
-def test_orthogonalized_spectrum_stays_in_the_quintic_band_against_float64_svd(
+def test_sharded_update_is_orthogonal_against_float64_polar_factor(
     gate_runner: Any, shape: tuple[int, int], ns_dtype: str
 ) -> None:
-    """Oracle tier: the reference's Newton–Schulz against float64 mathematics.
-
-    The input has chosen singular values spread log-uniformly over [0.05, 1] (a random
-    square matrix's near-zero smallest one would not reach the band in five steps: the
-    quintic lifts a small value by at most 3.4445⁵ ≈ 480). The exact polar factor has
-    every singular value 1; the quintic lands them in roughly [0.7, 1.2], so the band
-    checked here is [0.6, 1.25]. Runs in the parent: it needs no ranks.
-    """
-    import torch
-
-    import reference
-
-    gen = torch.Generator().manual_seed(1)
-    k = min(shape)
-    u, _ = torch.linalg.qr(torch.randn(shape[0], k, generator=gen, dtype=torch.float64))
-    v, _ = torch.linalg.qr(torch.randn(shape[1], k, generator=gen, dtype=torch.float64))
-    g = u @ torch.diag(torch.logspace(-1.3, 0, k, dtype=torch.float64)) @ v.T
-    sv = torch.linalg.svdvals(reference.orthogonalize(g, 5, dtype=getattr(torch, ns_dtype)).double())
-    lo, hi = float(sv.min()), float(sv.max())
-    passed = ORACLE_BAND[0] <= lo and hi <= ORACLE_BAND[1]
-    gate_runner.stream.write(
-        {"kind": "spectrum", "gate": "oracle_spectrum", "shape": shape, "dtype": ns_dtype,
-         "singular_values": sv.tolist(), "band": ORACLE_BAND},
-    )  # fmt: skip
-    gate_runner.stream.write(
-        {"kind": "case", "gate": "oracle_spectrum", "tier": "oracle", "case": f"shape={shape} ns_dtype={ns_dtype}",
-         "passed": passed, "message": f"singular values in [{lo:.3f}, {hi:.3f}], band {ORACLE_BAND}", "seconds": 0.0},
-        sync=True,
-    )  # fmt: skip
-    assert passed, f"singular values in [{lo:.3f}, {hi:.3f}] leave the band {ORACLE_BAND}"
+    """Oracle tier, on the candidate's own output: one sharded step from zero weights, with no
+    momentum and no weight decay, on a gradient whose singular values are spread over
+    [0.05, 1] (``harness.cases.tensors.spectrum_matrix``). The update it applied, gathered
+    and divided by its lr, must have every singular value in [0.6, 1.25] (the quintic lands
+    them in roughly [0.7, 1.2]; the exact polar factor has them all at 1). A candidate whose
+    arithmetic differs from the reference by design is still held to this."""
+    case = Case(
+        params=(ParamSpec("w", shape),),
+        world_size=min(2, NPROC),
+        mesh=(min(2, NPROC),),
+        seed=1,
+        settings=(("lr", 1.0), ("momentum", 0.0), ("nesterov", False), ("ns_dtype", ns_dtype)),
+    )
+    ran = gate_runner.measured("oracle_spectrum", case, task="spectrum")
+    sv = ran.figures["singular_values"]
+    lo, hi = min(sv), max(sv)
+    gate_runner.judge(
+        "oracle_spectrum",
+        ran.case.describe(),
+        ORACLE_BAND[0] <= lo and hi <= ORACLE_BAND[1],
+        f"singular values of the applied update in [{lo:.3f}, {hi:.3f}], band {ORACLE_BAND}",
+        tier="oracle",
+        figures={"sv_min": lo, "sv_max": hi},
+        spectrum={"shape": shape, "dtype": ns_dtype, "singular_values": sv, "band": ORACLE_BAND},
+        seconds=ran.outcome.seconds,
+    )

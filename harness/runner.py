@@ -1,26 +1,85 @@
-"""What a gate calls: run a case on the pool, stream every record, return or raise the verdict."""
+"""What a gate calls: run a case on the ranks, write what happened, pass or fail with the verdict.
+
+The runner is the only writer of the results stream (``reports.records`` holds every
+kind it writes). Gates state claims: they choose cases, and where a gate reaches a
+verdict itself (a singular-value band, finiteness) it hands the verdict to ``judge``.
+A failure is reported as its verdict (figures, each failing rank's exit code and stack,
+the case, the command that reproduces it), through ``pytest.fail(..., pytrace=False)``:
+a traceback through the harness would say nothing about the candidate.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import pytest
+from hypothesis import Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
-from harness.cases import DEFAULT_CANDIDATE, Case
-from harness.kernels import Kernel, KernelCase, run_kernel_case
-from harness.launcher import LauncherGroup
-from harness.moe import HANG_DEADLINE_S, Classified, MoECase, classify
-from harness.plugins import Impl, UnsupportedConvention
-from harness.pool import CaseOutcome, RankContext, RankPool
-from harness.tasks import run_backward_case, run_optimizer_case, run_orthogonalize_case
-from harness.training import TrainingSpec, run_training_case, warm_up
+from harness.candidates import Impl, Kernel, UnsupportedConvention
+from harness.cases import Case
+from harness.outcomes import HANG_DEADLINE_S, Classified, classify
+from harness.ranks import CaseOutcome, LauncherGroup, RankContext, RankPool
+from harness.tasks.kernel import run_kernel_case
+from harness.tasks.optimizer import run_backward_case, run_optimizer_case, run_orthogonalize_case, run_spectrum_case
+from harness.tasks.result import TaskResult
+from harness.tasks.training import TrainingSpec, run_training_case, warm_up
+from reports.records import (
+    CaseResult,
+    Comparison,
+    Header,
+    NegativeControl,
+    Record,
+    Scenario,
+    Skip,
+    Spectrum,
+    Status,
+    Training,
+)
 from reports.stream import ResultStream
 
+T = TypeVar("T")
 
-class GateFailure(AssertionError):
-    """A case that did not reproduce the reference (or a rank that failed while trying)."""
+
+def fail(text: str) -> NoReturn:
+    """Fails the running test with ``text`` alone (no traceback through the harness)."""
+    __tracebackhide__ = True
+    pytest.fail(text, pytrace=False)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A case that ran: the pool's outcome, every rank's comparisons, and rank 0's figures."""
+
+    case: Any
+    outcome: CaseOutcome
+    comparisons: tuple[Comparison, ...]
+    figures: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> Status:
+        if self.outcome.failure is not None:
+            return self.outcome.failure.kind
+        return "passed" if self.message is None else "failed"
+
+    @property
+    def message(self) -> str | None:
+        """``None`` when the case passed; otherwise what went wrong, worst comparison first."""
+        if self.outcome.failure is not None:
+            return self.outcome.failure.describe()
+        if not self.comparisons:
+            return "the case compared nothing"
+        if all(c.all_zero or c.numel == 0 for c in self.comparisons):
+            return "every comparison was of all-zero or empty tensors: the case compares nothing"
+        bad = sorted((c for c in self.comparisons if not c.passed), key=lambda c: (-c.max_ulp, c.step, c.tensor))
+        if not bad:
+            return None
+        lines = [f"{len(bad)} of {len(self.comparisons)} comparisons failed; worst first:"]
+        lines += [f"  {c.line()}" for c in bad[:8]]
+        return "\n".join(lines)
 
 
 @dataclass(repr=False)
@@ -34,94 +93,198 @@ class GateRunner:
     on_case: Callable[[str, bool], None] | None = None
     impl: Impl | None = None
     kernel: Kernel | None = None
+    _cases: int = 0
+    #: per test (node id): the gates it ran and their cases, failures, comparisons and bitwise count
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    TASKS: ClassVar[dict[str, Callable[[RankContext, Any], Any]]] = {
+    TASKS: ClassVar[dict[str, Callable[[RankContext, Any], TaskResult]]] = {
         "optimizer": run_optimizer_case,
         "orthogonalize": run_orthogonalize_case,
         "backward": run_backward_case,
+        "spectrum": run_spectrum_case,
         "training": run_training_case,
+        "kernel": run_kernel_case,
     }
 
-    def outcome(
-        self, gate: str, case: Case | TrainingSpec, *, record: bool = True, task: str = "optimizer"
-    ) -> tuple[CaseOutcome, list[dict[str, Any]]]:
-        """Runs the case and (with ``record``) streams its records; returns the outcome and records.
+    # -- writing -----------------------------------------------------------------------
+    def write(self, record: Record, *, sync: bool = True) -> None:
+        self.stream.write(record, sync=sync)
+
+    def start(self, header: Header) -> None:
+        self.write(header)
+
+    def skip(self, gate: str, reason: str) -> None:
+        self.write(Skip(gate, reason))
+
+    def _record(self, gate: str, described: str, status: Status, message: str, seconds: float, **kw: Any) -> None:
+        self._cases += 1
+        failed = status != "passed"
+        comparisons: tuple[Comparison, ...] = kw.get("comparisons", ())
+        self.write(
+            CaseResult(
+                self._cases,
+                gate,
+                described,
+                status,
+                message,
+                round(seconds, 4),
+                self.reproduce_command() if failed else "",
+                **kw,
+            )
+        )
+        tally = self.figures.setdefault(self.nodeid, {})
+        g = tally.setdefault(gate, {"cases": 0, "failed": 0, "comparisons": 0, "bitwise": 0, "worst_max_abs_diff": 0.0})
+        g["cases"] += 1
+        g["failed"] += failed
+        g["comparisons"] += len(comparisons)
+        g["bitwise"] += sum(c.bitwise for c in comparisons)
+        g["worst_max_abs_diff"] = max([g["worst_max_abs_diff"], *(c.max_abs_diff for c in comparisons)])
+        if self.on_case is not None:
+            self.on_case(gate, not failed)
+
+    # -- running -----------------------------------------------------------------------
+    def run(
+        self,
+        case: Any,
+        *,
+        task: str = "optimizer",
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Ran:
+        """Runs the case on its ranks and returns what happened; writes nothing.
 
         With ``--impl``, a case meant for the built-in candidate goes to the plug-in instead,
-        narrowed to what it declared it supports.
-        """
+        narrowed to what it declared it supports (the gate skips, saying why, where it cannot)."""
         case = self._resolve(case)
-        if case.world_size > self.pool.nproc:
-            raise ValueError(f"{case.describe()} needs {case.world_size} ranks; the pool has --nproc {self.pool.nproc}")
-        outcome = self.pool.run(self.TASKS[task], (gate, case), world_size=case.world_size)
-        records = comparison_records(outcome)
-        described = case.describe()
-        for r in records if record else ():
-            self.stream.write({"kind": "comparison", **r, "case": described, "case_seconds": outcome.seconds})
-        return outcome, records
+        world = getattr(case, "world_size", 1)
+        if world > self.pool.nproc:
+            raise ValueError(f"{case.describe()} needs {world} ranks; the pool has --nproc {self.pool.nproc}")
+        if isinstance(self.pool, RankPool):
+            outcome = self.pool.run(self.TASKS[task], case, world_size=world, timeout_s=timeout_s, env=env)
+        else:
+            outcome = self.pool.run(self.TASKS[task], case, world_size=world)
+        results = [r for r in outcome.results if isinstance(r, TaskResult)]
+        comparisons = tuple(c for r in results for c in r.comparisons)
+        figures = outcome.results[0].figures if isinstance(outcome.results[0], TaskResult) else {}
+        return Ran(case, outcome, comparisons, figures)
 
-    def check(self, gate: str, case: Case | TrainingSpec, *, task: str = "optimizer") -> CaseOutcome:
-        """Runs the case; raises ``GateFailure`` with the failing figures unless every comparison passed.
-
-        Returns the outcome: each rank's result, as the task returned it."""
-        case = self._resolve(case)
-        outcome, records = self.outcome(gate, case, task=task)
-        message = verdict_message(case, outcome, records)
-        self.stream.write(
-            {
-                "kind": "case",
-                "gate": gate,
-                "case": case.describe(),
-                "passed": message is None,
-                "message": message or "",
-                "seconds": outcome.seconds,
-                "reproduce": reproduce_command(self.nodeid, self.pool.nproc, self.launcher),
-            },
-            sync=True,
-        )
-        if self.on_case is not None:
-            self.on_case(gate, message is None)
+    def check(self, gate: str, case: Any, *, task: str = "optimizer") -> Ran:
+        """Runs the case and writes it with its verdict; fails the test unless every comparison passed."""
+        __tracebackhide__ = True
+        ran = self.run(case, task=task)
+        message = ran.message
+        described = ran.case.describe()
+        self._record(gate, described, ran.status, message or "", ran.outcome.seconds, comparisons=ran.comparisons)
         if message is not None:
-            raise GateFailure(f"{message}\n{case.describe()}")
-        return outcome
+            fail(self._failure(gate, message, described))
+        return ran
 
-    def kernel_case(self, gate: str, case: KernelCase, *, record: bool = True) -> dict[str, Any]:
-        """Runs a kernel against the reference Newton–Schulz on rank 0's device; returns rank 0's figures.
+    def measured(self, gate: str, case: Any, *, task: str) -> Ran:
+        """Runs a case whose verdict the gate reaches itself (see ``judge``); a rank that
+        failed is written and fails the test here."""
+        __tracebackhide__ = True
+        ran = self.run(case, task=task)
+        failure = ran.outcome.failure
+        if failure is not None:
+            described = ran.case.describe()
+            self._record(gate, described, ran.status, failure.describe(), ran.outcome.seconds)
+            fail(self._failure(gate, failure.describe(), described))
+        return ran
 
-        With ``record``, the comparison goes to the stream (the verdict is the gate's)."""
-        outcome = self.pool.run(run_kernel_case, (gate, case), world_size=1)
-        if outcome.failure is not None:
-            raise GateFailure(f"{outcome.failure.describe()}\n{case.describe()}")
-        figures: dict[str, Any] = outcome.results[0]
-        if record:
-            self.stream.write({"kind": "comparison", **figures["record"], "case": case.describe()})
-        return figures
+    def judge(
+        self,
+        gate: str,
+        described: str,
+        passed: bool,
+        message: str,
+        *,
+        tier: str,
+        comparisons: Sequence[Comparison] = (),
+        figures: Mapping[str, float] | None = None,
+        spectrum: Mapping[str, Any] | None = None,
+        seconds: float = 0.0,
+    ) -> None:
+        """A verdict the gate reached itself (a band, finiteness): written, and a failure unless
+        ``passed``. ``spectrum`` (``shape``, ``dtype``, ``singular_values``, ``band``) is drawn in the report."""
+        __tracebackhide__ = True
+        if spectrum is not None:
+            self.write(
+                Spectrum(
+                    gate,
+                    tuple(spectrum["shape"]),
+                    str(spectrum["dtype"]),
+                    tuple(spectrum["singular_values"]),
+                    tuple(spectrum["band"]),  # type: ignore[arg-type]
+                ),
+                sync=False,
+            )
+        status: Status = "passed" if passed else "failed"
+        self._record(
+            gate,
+            described,
+            status,
+            message,
+            0.0,
+            tier=tier,
+            comparisons=tuple(comparisons),
+            figures=dict(figures or {}),
+        )
+        if not passed:
+            fail(self._failure(gate, message, described))
 
-    def record_case(self, gate: str, case: str, passed: bool, message: str, **figures: Any) -> None:
-        """A verdict the gate itself reached (kernel, oracle and edge-input gates)."""
-        self.stream.write(
-            {"kind": "case", "gate": gate, "case": case, "passed": passed, "message": message, "seconds": 0.0,
-             "reproduce": reproduce_command(self.nodeid, self.pool.nproc, self.launcher), **figures},
-            sync=True,
-        )  # fmt: skip
-        if self.on_case is not None:
-            self.on_case(gate, passed)
+    def catch(
+        self,
+        gate: str,
+        strategy: st.SearchStrategy[T],
+        caught: Callable[[T], str | None],
+        describe: Callable[[T], str],
+        *,
+        max_examples: int = 300,
+    ) -> T:
+        """A negative control: searches ``strategy`` for an example ``caught`` rejects (its
+        reason, or ``None``), shrinks it, writes whether the minimal example is caught, and
+        returns that example. The test fails unless it is caught."""
+        __tracebackhide__ = True
+        try:
+            minimal = find(
+                strategy,
+                lambda x: caught(x) is not None,
+                settings=settings(
+                    max_examples=max_examples, database=None, derandomize=True, phases=[Phase.generate, Phase.shrink]
+                ),
+            )
+        except NoSuchExample:
+            record = NegativeControl(gate, False, f"none of {max_examples} examples", "the gates passed every one")
+            self.write(record)
+            fail(f"{gate}: the gates passed a known-wrong variant on all {max_examples} examples tried")
+        message = caught(minimal)
+        record = NegativeControl(gate, message is not None, describe(minimal), message or "")
+        self.write(record)
+        if not record.detected:
+            fail(f"{gate} was not detected on its own minimal example {record.case}")
+        return minimal
 
-    def train(self, gate: str, case: TrainingSpec) -> dict[str, Any]:
-        """Runs a training gate (raises like ``check``) and records its loss curve for the report.
+    def train(self, gate: str, spec: TrainingSpec) -> Mapping[str, Any]:
+        """Runs a training gate (fails like ``check``) and writes its loss curve for the report.
 
         Returns rank 0's figures: ``train_bits`` (mean per-rank training loss at each step, in
         bits per byte) and ``held_out_bits`` (before and after training)."""
-        outcome = self.check(gate, case, task="training")
-        figures: dict[str, Any] = {k: v for k, v in outcome.results[0].items() if k != "records"}
-        self.stream.write(
-            {"kind": "training", "gate": gate, "case": case.describe(), "world_size": case.world_size, **figures},
-            sync=True,
+        __tracebackhide__ = True
+        ran = self.check(gate, spec, task="training")
+        self.write(
+            Training(
+                gate,
+                ran.case.describe(),
+                ran.case.world_size,
+                tuple(ran.figures.get("train_bits", ())),
+                tuple(ran.figures.get("held_out_bits", ())),
+                round(ran.outcome.seconds, 4),
+            )
         )
-        return figures
+        return ran.figures
 
-    def reproduce(self, gate: str, case: MoECase, *, env: dict[str, str] | None = None) -> Classified:
-        """Runs an MoE scenario that may hang, abort or corrupt, and records what it did.
+    def reproduce(self, gate: str, case: Any, *, env: dict[str, str] | None = None) -> Classified:
+        """Runs an MoE scenario that may hang, abort or corrupt, and writes what it did.
 
         Needs the pool: only the pool can kill a hung rank and start fresh ones. A hang is
         whatever is still running ``HANG_DEADLINE_S`` after the start; ``env`` (e.g.
@@ -131,36 +294,48 @@ class GateRunner:
         timeout: fresh ranks spend seconds on their first FSDP2 step (about 5 s on a GPU),
         which must not count against the naive run's deadline.
         """
+        __tracebackhide__ = True
         if self.launcher or not isinstance(self.pool, RankPool):
             pytest.skip("reproducing a hang or an abort needs the rank pool: torchrun cannot replace a lost rank")
         warm = self.pool.run(warm_up, case.with_variant("fixed"), world_size=case.world_size, env=env)
         if warm.failure is not None:
-            raise GateFailure(f"the fixed model failed, so the naive one proves nothing: {warm.failure.describe()}")
-        outcome = self.pool.run(
-            run_training_case, (gate, case), world_size=case.world_size, timeout_s=HANG_DEADLINE_S, env=env
-        )
-        records = comparison_records(outcome)
-        verdict = classify(outcome, records)
-        self.stream.write(
-            {
-                "kind": "scenario",
-                "gate": gate,
-                "scenario": case.name,
-                "wrapping": case.wrapping,
-                "variant": case.variant,
-                "no_tokens": [list(pair) for pair in case.empty],
-                "env": env or {},
-                "outcome": verdict.outcome,
-                "detail": verdict.detail,
-                "collectives": list(verdict.collectives),
-                "seconds": outcome.seconds,
-                "case": case.describe(),
-            },
-            sync=True,
+            fail(f"the fixed model failed, so the naive one proves nothing: {warm.failure.describe()}")
+        ran = self.run(case, task="training", timeout_s=HANG_DEADLINE_S, env=env)
+        verdict = classify(ran.outcome, ran.comparisons)
+        self.write(
+            Scenario(
+                gate,
+                case.name,
+                case.wrapping,
+                case.variant,
+                verdict.outcome,
+                case=case.describe(),
+                detail=verdict.detail,
+                no_tokens=tuple(case.empty),
+                env=dict(env or {}),
+                collectives=verdict.collectives,
+                seconds=round(ran.outcome.seconds, 4),
+            )
         )
         if self.on_case is not None:
             self.on_case(gate, True)
         return verdict
+
+    # -- helpers -------------------------------------------------------------------------
+    def reproduce_command(self) -> str:
+        """The command that reruns the running test; hypothesis replays the failure from its
+        database (or from the ``@reproduce_failure`` blob it prints)."""
+        if not self.nodeid:
+            return ""
+        options = f" --impl {self.impl.spec}" if self.impl else ""
+        options += f" --kernel {self.kernel.spec}" if self.kernel else ""
+        if self.launcher:
+            return f"torchrun --nproc-per-node {self.pool.nproc} -m pytest '{self.nodeid}'{options}"
+        return f"pytest '{self.nodeid}' --nproc {self.pool.nproc}{options}"
+
+    def _failure(self, gate: str, message: str, described: str) -> str:
+        command = self.reproduce_command()
+        return f"{gate}: {message}\nminimal case: {described}" + (f"\nreproduce: {command}" if command else "")
 
     def __repr__(self) -> str:  # hypothesis prints it in every failing example
         return (
@@ -168,10 +343,13 @@ class GateRunner:
             f"kernel={self.kernel.spec if self.kernel else None!r})"
         )
 
-    def _resolve(self, case: Case | TrainingSpec) -> Case | TrainingSpec:
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # hypothesis's pretty printer asks for this
+        printer.text(repr(self))
+
+    def _resolve(self, case: Any) -> Any:
         if self.kernel is not None and isinstance(case, Case) and case.kernel is None:
             case = replace(case, kernel=self.kernel.spec)
-        if self.impl is None or case.candidate != DEFAULT_CANDIDATE:
+        if self.impl is None or getattr(case, "candidate", ...) is not None:
             return case
         if isinstance(case, Case) and case.kernel:
             pytest.skip(f"{self.impl.spec} brings its own Newton–Schulz: kernel gates run ShardedMuon only")
@@ -179,41 +357,3 @@ class GateRunner:
             return self.impl.adapt(case) if isinstance(case, Case) else self.impl.adapt_training(case)
         except UnsupportedConvention as e:
             pytest.skip(str(e))
-
-
-def comparison_records(outcome: CaseOutcome) -> list[dict[str, Any]]:
-    """Every rank's comparison records; a task returns a list of them or a dict with ``records``."""
-    per_rank = [r["records"] if isinstance(r, dict) else r for r in outcome.results if r]
-    return [record for records in per_rank for record in records]
-
-
-def verdict_message(case: Case | TrainingSpec, outcome: CaseOutcome, records: list[dict[str, Any]]) -> str | None:
-    """``None`` when the case passed; otherwise what went wrong, worst comparison first."""
-    if outcome.failure is not None:
-        return outcome.failure.describe()
-    if not records:
-        return "the case compared nothing"
-    if all(r["all_zero"] or r["numel"] == 0 for r in records):
-        return "every comparison was of all-zero or empty tensors: the case compares nothing"
-    bad = [r for r in records if not r["passed"]]
-    if not bad:
-        return None
-    bad.sort(key=lambda r: (-r["max_ulp"], r["step"], r["tensor"]))
-    lines = [f"{len(bad)} of {len(records)} comparisons failed; worst first:"]
-    for r in bad[:8]:
-        lines.append(
-            f"  {r['tensor']} step {r['step']} rank {r['rank']} [{r['tier']}]: max|diff| {r['max_abs_diff']:.3g}, "
-            f"max ULP {r['max_ulp']:g}, {r['mismatches']}/{r['numel']} differ, worst at {r['worst_index']}: "
-            f"expected {r['expected_at_worst']!r} got {r['actual_at_worst']!r}"
-        )
-    return "\n".join(lines)
-
-
-def reproduce_command(nodeid: str, nproc: int, launcher: bool) -> str:
-    """The command that reruns the failing test; hypothesis replays the failure from its database
-    (or from the ``@reproduce_failure`` blob it prints)."""
-    if not nodeid:
-        return ""
-    if launcher:
-        return f"torchrun --nproc-per-node {nproc} -m pytest '{nodeid}'"
-    return f"pytest '{nodeid}' --nproc {nproc}"

@@ -4,7 +4,7 @@
     python -m harness.train --device cuda --nproc 2 --steps 2000 --dim 256 --layers 4
     python -m harness.train --mlp moe --fused-qkv --report muongate-train
 
-The same model and data as the training gate (``harness.transformer``), which proves
+The same model and data as the training gate (``harness.models.transformer``), which proves
 this training run is the single-process run bit for bit on 2 ranks. The loss curve
 (bits per byte) and the held-out figures go to ``REPORT/results.jsonl`` after every
 chunk of steps, and to ``equivalence.html`` / ``.md`` at the end.
@@ -20,11 +20,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from harness.pool import RankPool
-from harness.training import train_steps
-from harness.transformer import TransformerCase
+from harness.models.transformer import TransformerCase
+from harness.ranks import RankPool
+from harness.runinfo import make_header
+from harness.tasks.training import train_steps
+from reports.files import write_files
+from reports.records import Training
 from reports.stream import ResultStream, read_stream
-from reports.summary import render, summarize, write_files
+from reports.summary import summarize
+from reports.terminal import render
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = "nccl" if args.device == "cuda" else "gloo"
     directory = Path(args.report)
     stream = ResultStream(directory / "results.jsonl")
-    stream.write({"kind": "header", "backend": backend, "device": args.device, "nproc": args.nproc}, sync=True)
+    stream.write(make_header(backend=backend, devices=devices, nproc=args.nproc), sync=True)
     console = Console()
     run_id = uuid.uuid4().hex
     train_bits: list[float] = []
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         if first.failure is not None:
             console.print(first.failure.describe())
             return 1
-        held_out.append(first.results[0]["held_out_bits"])
+        held_out.append(first.results[0].figures["held_out_bits"])
         with Progress(
             TextColumn("[bold]training"),
             BarColumn(),
@@ -95,20 +99,17 @@ def main(argv: list[str] | None = None) -> int:
                 if outcome.failure is not None:
                     console.print(outcome.failure.describe())
                     return 1
-                train_bits += outcome.results[0]["train_bits"]
-                held_out.append(outcome.results[0]["held_out_bits"])
-                stream.write(
-                    {
-                        "kind": "training",
-                        "gate": "train",
-                        "case": case.describe(),
-                        "world_size": args.nproc,
-                        "train_bits": train_bits,
-                        "held_out_bits": [held_out[0], held_out[-1]],
-                        "seconds": time.monotonic() - start,
-                    },
-                    sync=True,
+                train_bits += outcome.results[0].figures["train_bits"]
+                held_out.append(outcome.results[0].figures["held_out_bits"])
+                record = Training(
+                    "train",
+                    case.describe(),
+                    args.nproc,
+                    tuple(train_bits),
+                    (held_out[0], held_out[-1]),
+                    round(time.monotonic() - start, 3),
                 )
+                stream.write(record, sync=True)
                 progress.update(
                     task, advance=count, bits=f"{train_bits[-1]:.3f} bits/byte (held-out {held_out[-1]:.3f})"
                 )
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     records = list(read_stream(directory / "results.jsonl"))
     summary = summarize(records)
     console.print(render(summary))
-    write_files(summary, str(directory), records)
+    write_files(summary, directory)
     console.print(f"report: {directory}/equivalence.html, equivalence.md, results.jsonl")
     return 0
 

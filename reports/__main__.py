@@ -12,13 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
-from reports.compare import diff_runs, render_diff
+from reports.diff import diff_runs, render_diff
+from reports.files import from_figures, write_files
+from reports.records import Record, SchemaError
 from reports.stream import read_streams
-from reports.summary import RunSummary, from_figures, render, summarize, write_files
+from reports.summary import RunSummary, summarize
+from reports.terminal import render
 
 
 def _summary(where: str) -> RunSummary:
@@ -28,12 +30,15 @@ def _summary(where: str) -> RunSummary:
     return summarize(_records(where))
 
 
-def _records(where: str) -> list[dict[str, Any]]:
+def _records(where: str) -> list[Record]:
     path = Path(where)
     streams = sorted(path.glob("results*.jsonl")) if path.is_dir() else [path]
     if not streams:
         raise SystemExit(f"{where}: no results*.jsonl here")
-    return read_streams(streams)
+    try:
+        return read_streams(streams)
+    except SchemaError as e:
+        raise SystemExit(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(records)
     console.print(render(summary))
     directory = Path(args.paths[0])
-    write_files(summary, str(directory if directory.is_dir() else directory.parent), records)
+    write_files(summary, directory if directory.is_dir() else directory.parent)
     return 1 if summary.failures else 0
 
 

@@ -1,40 +1,73 @@
-"""The self-contained HTML report: rich's own export of the summary tables, plus inline SVG
-pictures where people would rather look than read. No scripts, no external files.
-
-Pictures: for every gate, how the comparisons' max|diff| is distributed (a bitwise
-comparison is its own bar, never merged with small differences); for every recorded
-spectrum, the singular values of an orthogonalized matrix against the exact polar
-factor's (all ones) and the quintic's known band.
+"""The HTML report: one self-contained page (no scripts, no external files) that reads as a
+page: the run's header, semantic tables, a section per gate with its figures and its
+max|diff| histogram, each failing gate's minimal case and the command that reproduces it,
+then the loss curves and the orthogonalized spectra as inline SVG.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import re
 from collections import Counter
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from reports.summary import RunSummary
+from reports.records import Spectrum, Training
+from reports.summary import (
+    BUCKETS,
+    GATE_COLUMNS,
+    SCENARIO_COLUMNS,
+    TRAINING_COLUMNS,
+    GateSummary,
+    RunSummary,
+    gate_row,
+    scenario_row,
+    training_row,
+)
 
-_BUCKETS = ["bitwise", "<1e-9", "<1e-6", "<1e-4", "<1e-2", "<1", ">=1"]
+_STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:80em;padding:0 1em;color:#1b1b1b}
+table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border-bottom:1px solid #ddd;padding:.25em .6em;vertical-align:top}
+thead th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th[scope=row]{text-align:left;font-weight:normal;white-space:nowrap}
+.fail{color:#b71c1c;font-weight:bold}.pass{color:#1b5e20}.skip{color:#8d6e00}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;white-space:pre-wrap}code{background:#f3f3f3;padding:0 .2em}
+figure{display:inline-block;margin:.5em}section{border-top:1px solid #eee;margin-top:1em}dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em}dt{font-weight:bold}
+"""
 
 
-def diff_bucket(record: dict[str, Any]) -> str:
-    """Which bar of the |diff| histogram a comparison record falls in."""
-    if record["bitwise"]:
-        return "bitwise"
-    x = record["max_abs_diff"]
-    for bound, name in ((1e-9, "<1e-9"), (1e-6, "<1e-6"), (1e-4, "<1e-4"), (1e-2, "<1e-2"), (1.0, "<1")):
-        if x < bound:
-            return name
-    return ">=1"
+def anchor(gate: str) -> str:
+    """The id of a gate's section: its name with anything but letters, digits, ``-`` and ``_`` as ``_``."""
+    return "gate-" + re.sub(r"[^A-Za-z0-9_-]", "_", gate)
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text))
+
+
+def _table(
+    caption: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, numeric: set[str], row_header: bool = True
+) -> str:
+    head = "".join(f'<th scope="col">{_e(c)}</th>' for c in columns)
+    body = []
+    for row in rows:
+        cells = []
+        for i, (col, value) in enumerate(zip(columns, row, strict=True)):
+            if i == 0 and row_header:
+                cells.append(f'<th scope="row">{value}</th>')
+            else:
+                cells.append(f'<td class="num">{value}</td>' if col in numeric else f"<td>{value}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (
+        f"<table><caption>{_e(caption)}</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
 
 
 def _histogram(gate: str, counts: Counter[str]) -> str:
     width, height, bar, room = 420, 150, 50, 16
     top = max(counts.values()) if counts else 1
     parts = [f'<svg width="{width}" height="{height + 40}" role="img" aria-label="max|diff| of {html.escape(gate)}">']
-    for i, name in enumerate(_BUCKETS):
+    for i, name in enumerate(BUCKETS):
         n = counts.get(name, 0)
         h = 0 if n == 0 else max(2, round((height - room) * math.log1p(n) / math.log1p(top)))
         x = 10 + i * (bar + 8)
@@ -51,10 +84,10 @@ def _histogram(gate: str, counts: Counter[str]) -> str:
     return "".join(parts)
 
 
-def _spectrum(record: dict[str, Any]) -> str:
+def _spectrum(record: Spectrum) -> str:
     width, height, pad = 420, 180, 30
-    values = sorted(record["singular_values"], reverse=True)
-    lo_band, hi_band = record.get("band", (0.7, 1.2))
+    values = sorted(record.singular_values, reverse=True)
+    lo_band, hi_band = record.band
     y_max = max(1.5, max(values) * 1.05)
 
     def y(v: float) -> float:
@@ -62,7 +95,7 @@ def _spectrum(record: dict[str, Any]) -> str:
 
     n = len(values)
     points = " ".join(f"{pad + (width - 2 * pad) * (i / max(1, n - 1)):.1f},{y(v):.1f}" for i, v in enumerate(values))
-    label = f"{record['gate']} {tuple(record['shape'])} {record.get('dtype', '')}: singular values, sorted"
+    label = f"{record.gate} {tuple(record.shape)} {record.dtype}: singular values, sorted"
     return (
         f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(label)}">'
         f'<rect x="{pad}" y="{y(hi_band):.1f}" width="{width - 2 * pad}" height="{y(lo_band) - y(hi_band):.1f}" fill="#e3f2fd"/>'
@@ -80,11 +113,11 @@ def _spectrum(record: dict[str, Any]) -> str:
     )
 
 
-def _loss_curve(record: dict[str, Any]) -> str:
+def _loss_curve(record: Training) -> str:
     """Training bits per byte at each step, and the held-out figure before and after."""
     width, height, pad = 420, 180, 34
-    values = [float(v) for v in record["train_bits"]]
-    held = [float(v) for v in record.get("held_out_bits", []) if v is not None]
+    values = [float(v) for v in record.train_bits]
+    held = [float(v) for v in record.held_out_bits if v is not None]
     lo, hi = min(values + held), max(values + held)
     span = (hi - lo) or 1.0
 
@@ -99,7 +132,7 @@ def _loss_curve(record: dict[str, Any]) -> str:
         f'<circle cx="{x(i * (len(values) - 1)):.1f}" cy="{y(v):.1f}" r="4" fill="#c62828"/>'
         for i, v in enumerate(held)
     )
-    label = f"{record['gate']}: {record['case']}"
+    label = f"{record.gate}: {record.case}"
     return (
         f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(label)}">'
         f'<polyline points="{points}" fill="none" stroke="#1565c0" stroke-width="2"/>{dots}'
@@ -112,27 +145,108 @@ def _loss_curve(record: dict[str, Any]) -> str:
     )
 
 
-def page(summary: RunSummary, tables_html: str, records: list[dict[str, Any]]) -> str:
-    """The whole report page: the rich tables, then the pictures."""
-    by_gate: dict[str, Counter[str]] = {}
-    for r in records:
-        if r.get("kind") == "comparison":
-            by_gate.setdefault(r["gate"], Counter())[diff_bucket(r)] += 1
-    spectra = [r for r in records if r.get("kind") == "spectrum"]
-    histograms = "".join(f"<figure>{_histogram(g, c)}</figure>" for g, c in sorted(by_gate.items()))
-    spectrum_svgs = "".join(f"<figure>{_spectrum(r)}</figure>" for r in spectra[:24])
-    curves = "".join(f"<figure>{_loss_curve(r)}</figure>" for r in summary.training if r.get("train_bits"))
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>muongate equivalence report</title>"
-        "<style>body{font-family:sans-serif;margin:1.5em}figure{display:inline-block;margin:.5em}"
-        "h2{margin-top:1.5em}</style></head><body>"
-        "<h1>muongate equivalence report</h1>"
-        f"{tables_html}"
-        "<h2>max|diff| per gate</h2>"
-        f"{histograms or '<p>no comparisons recorded</p>'}"
-        "<h2>Training loss (bits per byte)</h2>"
-        f"{curves or '<p>no training recorded</p>'}"
-        "<h2>Orthogonalized spectra against the float64 polar factor</h2>"
-        f"{spectrum_svgs or '<p>no spectra recorded</p>'}"
-        "</body></html>"
+def _gate_cells(g: GateSummary) -> list[str]:
+    cells = [_e(c) for c in gate_row(g)]
+    status = "fail" if g.failed_cases else "pass"
+    cells[0] = f'<a class="{status}" href="#{anchor(g.gate)}">{_e(g.gate)}</a>'
+    return cells
+
+
+def _gate_section(summary: RunSummary, g: GateSummary) -> str:
+    verdict = (
+        f'<span class="fail">{g.failed_cases} of {g.cases} cases failed</span>'
+        if g.failed_cases
+        else f'<span class="pass">all {g.cases} cases passed</span>'
     )
+    parts = [
+        f'<section id="{anchor(g.gate)}"><h3>{_e(g.gate)}</h3><p>{verdict}; {g.comparisons} comparisons, {g.bitwise} bitwise, {g.tolerance_passes} within a tolerance tier; tiers: {_e(", ".join(sorted(g.tiers)) or "none")}.</p>'
+    ]
+    for f in summary.failures:
+        if f.gate == g.gate:
+            parts.append(
+                "<details open><summary>minimal failing case</summary>"
+                f"<p><code>{_e(f.case)}</code></p><pre>{_e(f.message[:4000])}</pre>"
+                + (f"<p>reproduce: <code>{_e(f.reproduce)}</code></p>" if f.reproduce else "")
+                + "</details>"
+            )
+    if g.histogram:
+        parts.append(f"<figure>{_histogram(g.gate, g.histogram)}</figure>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def page(summary: RunSummary) -> str:
+    """The whole report page."""
+    h = summary.header
+    facts = [
+        ("muongate", f"{h.muongate} (commit {h.git_commit})"),
+        ("candidate", h.impl + (f", kernel {h.kernel}" if h.kernel else "")),
+        ("torch", h.torch),
+        ("backend", f"{h.backend} on {', '.join(h.devices) or h.device}"),
+        ("ranks (--nproc)", str(h.nproc)),
+        ("hypothesis profile", h.hypothesis_profile + (f", seed {h.hypothesis_seed}" if h.hypothesis_seed else "")),
+        ("written", h.time),
+    ]
+    gates = summary.ordered_gates()
+    failed = sum(1 for g in gates if g.failed_cases)
+    verdict = (
+        f'<p class="fail">{failed} of {len(gates)} gates failed.</p>'
+        if failed
+        else f'<p class="pass">All {len(gates)} gates passed.</p>'
+    )
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>muongate equivalence report</title><style>{_STYLE}</style></head><body>"
+        "<header><h1>muongate equivalence report</h1><dl>"
+        + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
+        + f"</dl>{verdict}</header><main>",
+        "<h2>Gates</h2>",
+        _table(
+            "every gate, failing gates first",
+            GATE_COLUMNS,
+            [_gate_cells(g) for g in gates],
+            numeric=set(GATE_COLUMNS) - {"gate", "tiers"},
+        ),
+    ]
+    if summary.negative_controls:
+        rows = [
+            (
+                _e(c.gate.removeprefix("negative:")),
+                '<span class="pass">yes</span>' if c.detected else '<span class="fail">NO</span>',
+                f"<code>{_e(c.case)}</code>",
+            )
+            for c in summary.negative_controls
+        ]
+        parts += [
+            "<h2>Negative controls</h2>",
+            _table(
+                "known-wrong variants the gates must catch", ("control", "caught", "minimal case"), rows, numeric=set()
+            ),
+        ]
+    if summary.scenarios:
+        scenario_rows = [[_e(c) for c in scenario_row(r)] for r in summary.scenarios]
+        parts += [
+            "<h2>MoE empty-expert scenarios</h2>",
+            _table("what each run did", SCENARIO_COLUMNS, scenario_rows, numeric={"seconds"}),
+        ]
+    if summary.training:
+        training_rows = [[_e(c) for c in training_row(t)] for t in summary.training]
+        parts += [
+            "<h2>Training</h2>",
+            _table("bits per byte, first → last step", TRAINING_COLUMNS, training_rows, numeric={"steps"}),
+        ]
+        parts.append("".join(f"<figure>{_loss_curve(r)}</figure>" for r in summary.training if r.train_bits))
+    if summary.skips:
+        parts.append(
+            "<h2>Skipped</h2><ul>"
+            + "".join(f'<li class="skip"><code>{_e(s.gate)}</code>: {_e(s.reason)}</li>' for s in summary.skips)
+            + "</ul>"
+        )
+    parts.append("<h2>Each gate</h2>")
+    parts += [_gate_section(summary, g) for g in gates]
+    if summary.spectra:
+        parts.append("<h2>Orthogonalized spectra against the float64 polar factor</h2>")
+        parts.append("".join(f"<figure>{_spectrum(r)}</figure>" for r in summary.spectra[:24]))
+    parts.append("</main></body></html>")
+    return "".join(parts)

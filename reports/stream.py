@@ -1,8 +1,5 @@
-"""The results stream: one JSON object per line, appended and flushed as each result
-arrives, so a run that crashes or is killed keeps every finished record.
-
-Record kinds: ``header`` (once per run), ``comparison`` (one tensor, one step, one rank),
-``case`` (one case's outcome: passed, failed, or the rank that errored, hung or died).
+"""The results stream: one record per line (``reports.records``), appended and flushed as each
+result arrives, so a run that crashes or is killed keeps every finished record.
 """
 
 from __future__ import annotations
@@ -13,9 +10,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from reports.records import Header, Record, decode, dumps
+
 
 class ResultStream:
-    """Appends records to ``path`` (JSON Lines), flushing and fsyncing after every case.
+    """Appends records to ``path`` (JSON Lines), flushing each and fsyncing on ``sync``.
 
     With ``path=None`` it writes nothing (ranks other than 0 under torchrun).
     """
@@ -27,10 +26,10 @@ class ResultStream:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
-    def write(self, record: dict[str, Any], *, sync: bool = False) -> None:
+    def write(self, record: Record, *, sync: bool = False) -> None:
         if self._file is None:
             return
-        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.write(dumps(record) + "\n")
         self._file.flush()
         if sync:
             os.fsync(self._file.fileno())
@@ -40,8 +39,8 @@ class ResultStream:
             self._file.close()
 
 
-def read_stream(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Every complete record of a stream; a line cut short by a crash is skipped."""
+def _lines(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Every complete JSON line; a line cut short by a crash is skipped."""
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
@@ -50,6 +49,11 @@ def read_stream(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 continue
 
 
-def read_streams(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+def read_stream(path: str | os.PathLike[str]) -> Iterator[Record]:
+    """The records of one stream; ``reports.records.SchemaError`` if it is not one this reader knows."""
+    return decode(_lines(path), source=str(path))
+
+
+def read_streams(paths: Sequence[str | os.PathLike[str]]) -> list[Record]:
     """The records of several streams of one run (xdist workers' files): the first header only."""
-    return [r for i, path in enumerate(paths) for r in read_stream(path) if i == 0 or r.get("kind") != "header"]
+    return [r for i, path in enumerate(paths) for r in read_stream(path) if i == 0 or not isinstance(r, Header)]

@@ -3,8 +3,8 @@ its shape, its placements and the rank, on real DTensors."""
 
 from __future__ import annotations
 
-from harness import selftest_tasks
-from harness.pool import RankPool
+from harness.ranks import RankPool
+from harness.tasks import selftest as selftest_tasks
 
 
 def test_bad_parameters_are_named_with_shape_placement_and_rank():

@@ -14,14 +14,23 @@ from pathlib import Path
 
 import pytest
 
+from distributed_impl import ShardedMuon
+
 REPO = Path(__file__).resolve().parents[1]
 UNEXPRESSIBLE = """
+import torch
 from distributed_impl import ShardedMuon
 
 def cautious(param_groups, **settings):
     return ShardedMuon(param_groups, **settings)
 
 cautious.muongate_conventions = {"cautious_mask": True}
+
+
+def half(param_groups, **settings):
+    return ShardedMuon(param_groups, **settings)
+
+half.muongate_conventions = {"ns_dtype": torch.float16}
 """
 
 
@@ -45,11 +54,11 @@ def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
     shutil.copy(REPO / "examples" / "broken_muon.py", tmp_path / "their_muon.py")
     result = _run(tmp_path, "-k", "several_steps", "--impl", "their_muon:broken_muon")
     assert result.returncode == 1, result.stdout[-3000:]
-    assert "GateFailure" in result.stdout, result.stdout[-3000:]
+    assert "several_steps: 1 of 2 comparisons failed" in result.stdout, result.stdout[-3000:]
     # Shrunk: one small matrix. (The exact minimal case depends on hypothesis's version.)
-    shrunk = re.search(r"Case\(world=\d, mesh=\(\d,\), steps=(\d), .*?params=\[w0\[(\d+), (\d+)\]:\w+\]", result.stdout)
+    shrunk = re.search(r"minimal case: w0\[(\d+), (\d+)\] \w+ · world \d · (\d) steps?", result.stdout)
     assert shrunk is not None, result.stdout[-3000:]
-    steps, rows, cols = (int(g) for g in shrunk.groups())
+    rows, cols, steps = (int(g) for g in shrunk.groups())
     assert steps <= 2 and rows <= 48 and cols <= 48
 
 
@@ -57,7 +66,11 @@ def test_convention_the_reference_cannot_express_is_reported_not_compared(tmp_pa
     (tmp_path / "their_muon.py").write_text(UNEXPRESSIBLE)
     result = _run(tmp_path, "-k", "one_sharded", "--impl", "their_muon:cautious", "-rs")
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "conventions the reference cannot express: ['cautious_mask']" in result.stdout
+    assert "conventions the reference cannot express: unknown keys ['cautious_mask']" in result.stdout
+    # A value the reference refuses is the same: skipped, naming it, never compared.
+    result = _run(tmp_path, "-k", "one_sharded", "--impl", "their_muon:half", "-rs")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "cannot express: ns_dtype=torch.float16 must be torch.bfloat16 or torch.float32" in result.stdout
 
 
 def test_bad_impl_spec_is_a_usage_error(tmp_path: Path) -> None:
@@ -67,14 +80,14 @@ def test_bad_impl_spec_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_training_specs_take_the_plugin_on_its_conventions_or_skip_saying_why():
-    from harness.moe import MoECase
-    from harness.plugins import FEATURES, Impl, UnsupportedConvention
-    from harness.transformer import TransformerCase
+    from harness.candidates import FEATURES, Impl, UnsupportedConvention
+    from harness.models.moe import MoECase
+    from harness.models.transformer import TransformerCase
 
-    impl = Impl("my:muon", (("eps_form", "clamp"),), None, FEATURES)
+    impl = Impl("my:muon", ShardedMuon, (("eps_form", "clamp"),), None, FEATURES)
     adapted = impl.adapt_training(TransformerCase("x"))
-    assert adapted.candidate == "my:muon" and dict(adapted.settings)["eps_form"] == "clamp"
+    assert adapted.candidate is ShardedMuon and dict(adapted.settings)["eps_form"] == "clamp"
     with pytest.raises(UnsupportedConvention, match="world sizes up to 1"):
-        Impl("my:muon", max_world=1).adapt_training(TransformerCase("x"))
+        Impl("my:muon", ShardedMuon, max_world=1).adapt_training(TransformerCase("x"))
     with pytest.raises(UnsupportedConvention, match="experts"):
-        Impl("my:muon", features=frozenset({"adamw"})).adapt_training(MoECase("x", "stacked", "fixed", ()))
+        Impl("my:muon", ShardedMuon, features=frozenset({"adamw"})).adapt_training(MoECase("x", "stacked", "fixed", ()))

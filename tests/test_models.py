@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.moe import MoECase, classify, round_robin
-from harness.pool import CaseOutcome, RankFailure
+from harness.models.moe import MoECase, round_robin
+from harness.outcomes import classify
+from harness.ranks import CaseOutcome, RankFailure
+from reports.records import Comparison
 
 
 def test_round_robin_moves_tokens_of_empty_experts_to_the_next_allowed_one():
@@ -38,8 +40,8 @@ def _outcome(failure=None, seconds=1.0):
 
 
 def test_classifier_names_each_outcome():
-    ok = {"passed": True, "tensor": "w", "step": 0, "rank": 0, "max_abs_diff": 0.0}
-    bad = {**ok, "passed": False, "max_abs_diff": 0.5}
+    ok = Comparison("w", (2, 2))
+    bad = Comparison("w", (2, 2), bitwise=False, passed=False, max_abs_diff=0.5)
     assert classify(_outcome(), [ok]).outcome == "completed"
     corrupt = classify(_outcome(), [ok, bad])
     assert corrupt.outcome == "silent corruption" and "1 of 2" in corrupt.detail
@@ -74,7 +76,7 @@ def test_classifier_reads_each_ranks_own_collective_from_the_detail_wrapper():
 
 
 def test_text_corpus_ships_with_python_and_splits_90_10():
-    from harness.transformer import corpus, split
+    from harness.models.corpus import corpus, split
 
     assert len(corpus()) > 100_000
     train, held = split("train"), split("held_out")
@@ -85,7 +87,7 @@ def test_text_corpus_ships_with_python_and_splits_90_10():
 def test_transformer_loss_starts_near_eight_bits_per_byte():
     import math
 
-    from harness.transformer import TransformerCase
+    from harness.models.transformer import TransformerCase
 
     case = TransformerCase("x")
     bits = case.loss(case.build(), 0, 0, torch.device("cpu")).item() / math.log(2)

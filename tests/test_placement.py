@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from distributed_impl.placement import chunk_rows, plan_buckets, row_spans
+from distributed_impl.exchange import plan_buckets
+from distributed_impl.placement import chunk_rows, row_spans
 
 LAYER = [(4096, 4096)] * 4 + [(11008, 4096)] * 2 + [(4096, 11008)]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -13,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 GATE_FILE = """
 import pytest
-from harness import selftest_tasks as tasks
+from harness.tasks import selftest as tasks
 
 pytestmark = pytest.mark.gate
 
@@ -44,10 +45,61 @@ def test_help_lists_the_muongate_options(suite: pytest.Pytester) -> None:
     )
 
 
-def test_nproc_zero_is_a_usage_error_that_says_what_to_do(suite: pytest.Pytester) -> None:
-    result = suite.runpytest_subprocess("--nproc", "0")
+BAD_OPTIONS = [
+    (["--nproc", "0"], {}, "ERROR: --nproc 0: the pool needs at least one rank; try --nproc 2"),
+    (["--case-timeout", "0"], {}, "ERROR: --case-timeout 0: a case needs a positive, finite number of seconds; try *"),
+    (["--case-timeout", "-1"], {}, "ERROR: --case-timeout -1: a case needs a positive, finite number of seconds; *"),
+    (["--case-timeout", "inf"], {}, "ERROR: --case-timeout inf: a case needs a positive, finite number of seconds; *"),
+    (["--hypothesis-profile", "nope"], {}, "ERROR: --hypothesis-profile nope: no such hypothesis profile; try ci, *"),
+    (
+        [],
+        {"MUONGATE_HYPOTHESIS_PROFILE": "nope"},
+        "ERROR: MUONGATE_HYPOTHESIS_PROFILE nope: no such hypothesis profile*",
+    ),
+    (["--gate-report", "conftest.py"], {}, "ERROR: --gate-report conftest.py: that is a file; name a directory*"),
+    (["--gate-device", "tpu"], {}, "*--gate-device: invalid choice: 'tpu'*"),
+    (["--impl", "nowhere:muon"], {}, "ERROR: --impl nowhere:muon: No module named 'nowhere'; expected MODULE:FACTORY*"),
+    (["--kernel", "reference"], {}, "ERROR: --kernel reference: 'reference' is not of the form MODULE:NAME*"),
+    (["--gate-baseline", "missing.json"], {}, "ERROR: --gate-baseline missing.json: *expected the figures.json*"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "line"), BAD_OPTIONS, ids=lambda v: " ".join(v) if isinstance(v, list) else None
+)
+def test_bad_option_is_a_one_line_usage_error_that_says_the_fix(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str], line: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = suite.runpytest_subprocess(*args, timeout=60)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--nproc 0*at least one rank*try --nproc 2*"])
+    result.stderr.fnmatch_lines([line])
+    assert "Traceback" not in result.stderr.str() and "INTERNALERROR" not in result.stderr.str()
+
+
+JUNIT_GATE = """
+import pytest
+from harness.cases import Case, ParamSpec
+
+@pytest.mark.gate
+def test_one_case(gate_runner):
+    gate_runner.check("tiny", Case(params=(ParamSpec("w", (4, 4)),), world_size=2, mesh=(2,)))
+"""
+
+
+def test_gate_figures_reach_junit_xml_and_the_github_step_summary(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suite.makepyfile(test_junit=JUNIT_GATE)
+    summary = suite.path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = suite.runpytest_subprocess("test_junit.py", "--nproc", "2", "--junitxml", "junit.xml", timeout=120)
+    result.assert_outcomes(passed=1)
+    properties = {p.get("name"): p.get("value") for p in ElementTree.parse(suite.path / "junit.xml").iter("property")}
+    assert properties["tiny.cases"] == "1" and properties["tiny.failed"] == "0"
+    assert properties["tiny.comparisons"] == properties["tiny.bitwise"] == "4"
+    assert "| tiny | bitwise | 1 | 0 | 4 | 4 |" in summary.read_text()
 
 
 def test_cuda_without_enough_gpus_is_a_usage_error(suite: pytest.Pytester) -> None:
@@ -65,7 +117,7 @@ def test_planted_hang_finishes_the_run_with_header_report_and_no_marker_warning(
         "-m", "gate", "--nproc", "2", "-W", "error::pytest.PytestUnknownMarkWarning", "-p", "no:randomly"
     )
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["muongate: torch *, backend gloo on cpu, nproc 2, hypothesis * profile ci"])
+    result.stdout.fnmatch_lines(["muongate *: torch *, backend gloo on cpu, nproc 2, hypothesis * profile ci"])
     assert (suite.path / "gate-report" / "results.jsonl").exists()
 
 

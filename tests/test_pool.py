@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from harness import selftest_tasks as tasks
-from harness.pool import RankPool
+from harness.ranks import RankPool
+from harness.tasks import selftest as tasks
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.cases.tensors import spectrum_matrix
 from reference import Muon, orthogonalize
 from reference.muon import lr_scale, momentum_update
 
@@ -77,16 +78,10 @@ def test_reference_differs_from_torch_optim_muon_on_bf16_only_by_its_float32_sta
 @pytest.mark.parametrize("shape", [(64, 64), (128, 32), (32, 128), (100, 37)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_quintic_singular_values_lie_in_its_known_band_against_float64_svd(shape, dtype):
-    # The band holds for directions that are not negligible: five quintic steps lift a
-    # normalized singular value by at most about 3.4445^5 ≈ 480, so a random square
-    # matrix's near-zero smallest singular value stays small. Build G from chosen
-    # singular values spread log-uniformly over [0.05, 1].
-    gen = torch.Generator().manual_seed(1)
-    k = min(shape)
-    U, _ = torch.linalg.qr(torch.randn(shape[0], k, generator=gen, dtype=torch.float64))
-    V, _ = torch.linalg.qr(torch.randn(shape[1], k, generator=gen, dtype=torch.float64))
-    s = torch.logspace(-1.3, 0, k, dtype=torch.float64)
-    G = U @ torch.diag(s) @ V.T
+    # Chosen singular values: a random matrix's near-zero one would not reach the band.
+    G = spectrum_matrix(*shape, torch.Generator().manual_seed(1))
+    U, _, Vh = torch.linalg.svd(G, full_matrices=False)
+    V = Vh.T
     ortho = orthogonalize(G, 5, dtype=dtype).double()
     sv = torch.linalg.svdvals(ortho)
     assert float(sv.min()) >= 0.65 and float(sv.max()) <= 1.25, (float(sv.min()), float(sv.max()))

@@ -7,123 +7,119 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from reports import read_stream, render, summarize, to_markdown
+from reports import SchemaError, read_stream, render, summarize, to_markdown
+from reports.html import anchor
+from reports.records import (
+    CaseResult,
+    Comparison,
+    Header,
+    NegativeControl,
+    Record,
+    Scenario,
+    Skip,
+    Spectrum,
+    Training,
+    decode,
+    dumps,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
 
-RECORDS = [
-    {
-        "kind": "header",
-        "torch": "2.13.0",
-        "backend": "gloo",
-        "device": "cpu",
-        "nproc": 2,
-        "hypothesis_profile": "ci",
-        "git_commit": "abc1234",
-    },
-    {
-        "kind": "comparison",
-        "gate": "one_step",
-        "tier": "bitwise",
-        "bitwise": True,
-        "passed": True,
-        "max_abs_diff": 0.0,
-        "max_ulp": 0.0,
-    },
-    {
-        "kind": "comparison",
-        "gate": "one_step",
-        "tier": "bitwise",
-        "bitwise": True,
-        "passed": True,
-        "max_abs_diff": 0.0,
-        "max_ulp": 0.0,
-    },
-    {
-        "kind": "case",
-        "gate": "one_step",
-        "case": "Case(world=2)",
-        "passed": True,
-        "message": "",
-        "seconds": 0.5,
-        "reproduce": "",
-    },
-    {
-        "kind": "comparison",
-        "gate": "kernel",
-        "tier": "ns-kernel",
-        "bitwise": False,
-        "passed": True,
-        "max_abs_diff": 1e-3,
-        "max_ulp": 3.0,
-    },
-    {
-        "kind": "comparison",
-        "gate": "kernel",
-        "tier": "ns-kernel",
-        "bitwise": False,
-        "passed": False,
-        "max_abs_diff": 0.25,
-        "max_ulp": 1e6,
-    },
-    {
-        "kind": "case",
-        "gate": "kernel",
-        "case": "Case(world=1, seed=7)",
-        "passed": False,
-        "message": "1 of 2 comparisons failed",
-        "seconds": 1.25,
-        "reproduce": "pytest 'gates/test_x.py::test_k' --nproc 2",
-    },
-    {
-        "kind": "negative_control",
-        "gate": "negative:LocalRowsMuon",
-        "detected": True,
-        "case": "Case(world=2, params=[w0[4, 4]])",
-        "message": "w0 differs",
-    },
-    {
-        "kind": "scenario",
-        "gate": "moe:reproduce",
-        "scenario": "rank 1 sends no tokens to expert 3",
-        "wrapping": "per_expert",
-        "variant": "naive",
-        "env": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
-        "outcome": "collective mismatch",
-        "detail": "rank 0: #7 _ALLGATHER_BASE [128]; rank 1: #7 _REDUCE_SCATTER_BASE [256]",
-        "seconds": 0.4,
-    },
-    {"kind": "training", "gate": "training", "case": "dense", "train_bits": [8.0, 7.5], "held_out_bits": [8.1, 7.9]},
-    {
-        "kind": "training",
-        "gate": "training",
-        "case": "dense",
-        "train_bits": [8.0, 7.5, 7.0],
-        "held_out_bits": [8.1, 7.2],
-    },
+FAILING = Comparison(
+    "output", (4, 4), tier="kernel_fp32", tier_kind="tolerance", bitwise=False, passed=False,
+    max_abs_diff=0.25, max_ulp=1e6, mismatches=16, rel_fro=0.02,
+)  # fmt: skip
+WITHIN_TIER = Comparison(
+    "output", (4, 4), tier="kernel_fp32", tier_kind="tolerance", bitwise=False, max_abs_diff=1e-3, max_ulp=3.0,
+    mismatches=2, rel_fro=1e-5,
+)  # fmt: skip
+RECORDS: list[Record] = [
+    Header(
+        torch="2.13.0",
+        backend="gloo",
+        device="cpu",
+        devices=("cpu", "cpu"),
+        nproc=2,
+        hypothesis_profile="ci",
+        git_commit="abc1234",
+        impl="distributed_impl:ShardedMuon",
+    ),
+    CaseResult(
+        1,
+        "world_size_independence",
+        "w0[4, 4] float32 · world 2 · 1 step",
+        seconds=0.5,
+        comparisons=(Comparison("w0", (2, 4)), Comparison("w0", (2, 4), rank=1)),
+    ),
+    CaseResult(
+        2,
+        "edge:experts-4x31x13-fp32-ns",
+        "w[4, 31, 13] float32 · world 2 · 2 steps · ns_dtype=float32",
+        seconds=0.25,
+        comparisons=(Comparison("w", (2, 31, 13)),),
+    ),
+    CaseResult(
+        3,
+        "kernel:vs_reference",
+        "gaussian [4, 4] float32 · kernel my:ns · seed 7",
+        status="failed",
+        message="1 of 2 comparisons failed",
+        seconds=1.25,
+        reproduce="pytest 'gates/test_x.py::test_k' --nproc 2",
+        comparisons=(WITHIN_TIER, FAILING),
+    ),
+    CaseResult(4, "kernel:edge", "nan [16, 24] bfloat16 · kernel my:ns", tier="edge"),
+    NegativeControl(
+        "negative:LocalRowsMuon",
+        True,
+        "w0[4, 4] float32 · world 2 · 1 step · candidate gates.negative_controls:LocalRowsMuon",
+        "w0 differs",
+    ),
+    Scenario(
+        "moe:reproduce",
+        "rank 1 sends no tokens to expert 3",
+        "per_expert",
+        "naive",
+        "collective mismatch",
+        detail="rank 0: #7 _ALLGATHER_BASE [128]; rank 1: #7 _REDUCE_SCATTER_BASE [256]",
+        env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+        seconds=0.4,
+    ),
+    Training("training", "dense", 2, (8.0, 7.5), (8.1, 7.9)),
+    Training("training", "dense", 2, (8.0, 7.5, 7.0), (8.1, 7.2)),
+    Skip(
+        "gates/test_optimizer_gates.py::test_hand_picked_edge_case_matches_reference_bitwise[hsdp-2x2-uneven]",
+        "needs --nproc 4",
+    ),
 ]
+GATES = ("world_size_independence", "edge:experts-4x31x13-fp32-ns", "kernel:vs_reference", "kernel:edge")
 
 
-def _text(records: list[dict]) -> str:
+def _text(records: list[Record]) -> str:
     buffer = io.StringIO()
-    Console(file=buffer, width=110, no_color=True, force_terminal=False, color_system=None).print(
+    Console(file=buffer, width=140, no_color=True, force_terminal=False, color_system=None).print(
         render(summarize(records))
     )
     return buffer.getvalue()
 
 
-def test_terminal_summary_matches_golden_text() -> None:
-    assert _text(RECORDS) == (GOLDEN / "summary.txt").read_text()
+def test_terminal_summary_matches_golden_text_with_whole_gate_names_failing_first() -> None:
+    text = _text(RECORDS)
+    assert text == (GOLDEN / "summary.txt").read_text()
+    assert all(gate in text for gate in GATES)
+    assert text.index("kernel:vs_reference") < text.index("world_size_independence")
 
 
 def test_markdown_summary_matches_golden_text_and_fits_a_job_summary() -> None:
@@ -133,8 +129,49 @@ def test_markdown_summary_matches_golden_text_and_fits_a_job_summary() -> None:
 
 
 def test_tolerance_pass_is_never_counted_as_bitwise() -> None:
-    kernel = summarize(RECORDS).gates["kernel"]
+    kernel = summarize(RECORDS).gates["kernel:vs_reference"]
     assert (kernel.bitwise, kernel.tolerance_passes, kernel.failed_cases) == (0, 1, 1)
+
+
+def test_a_gate_that_judges_only_finiteness_shows_no_worst_difference() -> None:
+    edge = summarize(RECORDS).gates["kernel:edge"]
+    assert edge.worst_abs_diff is None
+    assert "inf" not in next(line for line in _text(RECORDS).splitlines() if "kernel:edge" in line)
+
+
+def test_every_record_kind_survives_its_json_round_trip() -> None:
+    lines = [json.loads(dumps(r)) for r in RECORDS]
+    assert list(decode(lines)) == RECORDS
+
+
+def test_a_stream_stores_each_case_once_and_a_bitwise_comparison_in_a_few_bytes() -> None:
+    line = dumps(
+        CaseResult(9, "one_step", "w0[4, 4] float32 · world 2 · 1 step", comparisons=(Comparison("w0", (2, 4)),))
+    )
+    assert line.count("w0[4, 4]") == 1
+    assert '{"tensor":"w0","shape":[2,4]}' in line
+
+
+def test_a_schema_1_stream_is_read_and_a_newer_one_refused_by_name(tmp_path: Path) -> None:
+    v1 = [
+        {"kind": "header", "torch": "2.13.0", "backend": "gloo", "nproc": 2, "git_commit": "abc"},
+        {"kind": "comparison", "gate": "one_step", "tensor": "w0", "step": 0, "rank": 0, "tier": "bitwise",
+         "tier_kind": "bitwise", "shape": [2, 4], "dtype": "float32", "numel": 8, "bitwise": True, "passed": True,
+         "max_abs_diff": 0.0, "max_ulp": 0.0, "mismatches": 0, "mismatch_fraction": 0.0, "worst_index": None,
+         "expected_at_worst": None, "actual_at_worst": None, "all_zero": False, "note": "", "rel_fro": 0.0,
+         "case": "Case(world=2)", "case_seconds": 0.1},
+        {"kind": "case", "gate": "one_step", "case": "Case(world=2)", "passed": True, "message": "", "seconds": 0.1},
+        {"kind": "case", "gate": "one_step", "case": "Case(world=1)", "passed": False, "seconds": 0.1,
+         "message": "rank 1 hang: ranks [1] did not finish before the deadline", "reproduce": "pytest x"},
+    ]  # fmt: skip
+    (tmp_path / "v1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in v1))
+    records = list(read_stream(tmp_path / "v1.jsonl"))
+    one_step = summarize(records).gates["one_step"]
+    assert (one_step.cases, one_step.failed_cases, one_step.comparisons, one_step.bitwise) == (2, 1, 1, 1)
+    assert [r.status for r in records if isinstance(r, CaseResult)] == ["passed", "hang"]
+    (tmp_path / "v9.jsonl").write_text(json.dumps({"kind": "header", "schema": 9}) + "\n")
+    with pytest.raises(SchemaError, match="schema 9, written by another muongate"):
+        list(read_stream(tmp_path / "v9.jsonl"))
 
 
 def test_killed_run_keeps_every_finished_record(tmp_path: Path) -> None:
@@ -150,24 +187,24 @@ def test_killed_run_keeps_every_finished_record(tmp_path: Path) -> None:
     cases = 0
     while time.monotonic() < deadline and cases < 20:
         time.sleep(0.5)
-        cases = sum(r["kind"] == "case" for r in read_stream(stream)) if stream.exists() else 0
+        cases = sum(isinstance(r, CaseResult) for r in read_stream(stream)) if stream.exists() else 0
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     records = list(read_stream(stream))
     lines = stream.read_text().splitlines()
-    assert cases >= 20 and records[0]["kind"] == "header"
+    assert cases >= 20 and isinstance(records[0], Header)
     assert len(records) >= len(lines) - 1, "at most the line being written when killed is lost"
-    assert sum(r["kind"] == "case" for r in records) >= 20
+    assert sum(isinstance(r, CaseResult) for r in records) >= 20
 
 
 PLANTED = """
 import pytest
+from gates.negative_controls import LocalRowsMuon
 from harness.cases import Case, ParamSpec
 
 @pytest.mark.gate
 def test_planted_bug_is_caught(gate_runner):
-    case = Case(params=(ParamSpec("w", (6, 4)),), world_size=2, mesh=(2,), mode=None,
-                candidate="gates.negative_controls:LocalRowsMuon")
+    case = Case(params=(ParamSpec("w", (6, 4)),), world_size=2, mesh=(2,), mode=None, candidate=LocalRowsMuon)
     gate_runner.check("planted", case)
 """
 
@@ -183,10 +220,13 @@ def test_planted_failure_is_summarized_with_a_command_that_reproduces_it(
     first.stdout.fnmatch_lines(
         [
             "*FAILED planted*",
+            "minimal case: w[6, 4] float32 · world 2 · 1 step · candidate gates.negative_controls:LocalRowsMuon",
             "*w step 0 rank*[bitwise]*",
             "reproduce: pytest 'test_planted.py::test_planted_bug_is_caught' --nproc 2",
         ]
     )
+    # The failure reads as its verdict, not as a traceback through the harness.
+    assert "def check(" not in first.stdout.str() and "harness/runner.py" not in first.stdout.str()
     again = pytester.runpytest_subprocess("test_planted.py::test_planted_bug_is_caught", "--nproc", "2")
     again.assert_outcomes(failed=1)
     again.stdout.fnmatch_lines(["*FAILED planted*"])
@@ -194,37 +234,74 @@ def test_planted_failure_is_summarized_with_a_command_that_reproduces_it(
 
 def test_comparing_runs_names_new_failures_fixed_gates_and_grown_differences(tmp_path: Path) -> None:
     from reports.__main__ import main
+    from reports.diff import diff_runs
 
-    passing_kernel = next(r for r in RECORDS if r.get("gate") == "kernel" and r.get("passed"))
-    base = [r for r in RECORDS if r.get("gate") != "kernel"]
-    base.append(passing_kernel)
-    base.append({"kind": "case", "gate": "kernel", "case": "c", "passed": True, "message": "", "seconds": 0.1})
+    passing = CaseResult(3, "kernel:vs_reference", "c", seconds=0.1, comparisons=(WITHIN_TIER,))
+    base = [r for r in RECORDS if getattr(r, "gate", "") != "kernel:vs_reference"] + [passing]
     for name, records in (("base.jsonl", base), ("now.jsonl", RECORDS)):
-        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in records))
-    from reports.compare import diff_runs
-
+        (tmp_path / name).write_text("".join(dumps(r) + "\n" for r in records))
     diff = diff_runs(summarize(base), summarize(RECORDS))
-    assert diff.new_failures == ["kernel"] and diff.grown == [("kernel", 1e-3, 0.25)] and diff.regressed
+    assert diff.new_failures == ["kernel:vs_reference"] and diff.grown == [("kernel:vs_reference", 1e-3, 0.25)]
+    assert diff.regressed and diff.recounted == [("kernel:vs_reference", 1, 1)]
     assert not diff_runs(summarize(RECORDS), summarize(RECORDS)).regressed
     assert main(["compare", str(tmp_path / "base.jsonl"), str(tmp_path / "now.jsonl")]) == 1
     assert main(["compare", str(tmp_path / "now.jsonl"), str(tmp_path / "now.jsonl")]) == 0
 
 
-def test_html_report_is_self_contained_with_pictures(tmp_path: Path) -> None:
+def _page(tmp_path: Path) -> str:
     from reports import write_files
 
-    records = [
-        *RECORDS,
-        {
-            "kind": "spectrum",
-            "gate": "oracle_spectrum",
-            "shape": [4, 4],
-            "dtype": "bfloat16",
-            "singular_values": [1.1, 0.9, 0.8, 0.7],
-            "band": [0.6, 1.25],
-        },
-    ]
-    write_files(summarize(records), str(tmp_path), records)
-    page = (tmp_path / "equivalence.html").read_text()
-    assert page.count("<svg") == 4  # two gates' |diff| histograms, one spectrum, one loss curve
+    spectrum = Spectrum("oracle_spectrum", (4, 4), "bfloat16", (1.1, 0.9, 0.8, 0.7), (0.6, 1.25))
+    write_files(summarize([*RECORDS, spectrum]), tmp_path)
+    return (tmp_path / "equivalence.html").read_text()
+
+
+def test_html_report_is_a_self_contained_page_with_a_section_and_pictures_per_gate(tmp_path: Path) -> None:
+    page = _page(tmp_path)
+    # three gates' |diff| histograms (kernel:edge compared nothing), one spectrum, one loss curve
+    assert page.count("<svg") == 5
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
+    for gate in GATES:
+        assert f'<section id="{anchor(gate)}"><h3>{gate}</h3>' in page and f'href="#{anchor(gate)}"' in page
+    assert "<details open><summary>minimal failing case</summary>" in page
+
+
+class _Texts(HTMLParser):
+    """The text of every element of a rendered page, one string per element."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def handle_data(self, data: str) -> None:
+        if data.strip():
+            self.texts.append(data.strip())
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed: .ci/run installs Debian's chromium package")
+        pytest.skip("needs Debian's chromium package (apt-get install chromium)")
+    return found
+
+
+def test_html_report_renders_in_headless_chromium_with_every_gate_name_whole(tmp_path: Path) -> None:
+    _page(tmp_path)
+    url = (tmp_path / "equivalence.html").as_uri()
+    # Headless, no network, a fresh profile: as the probe of this machine kind starts it.
+    flags = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True).stdout
+    shot = tmp_path / "page.png"
+    subprocess.run(
+        [*flags, "--window-size=1280,2000", f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True
+    )
+    texts = _Texts()
+    texts.feed(dom)
+    for gate in GATES:
+        assert gate in texts.texts, f"{gate!r} is not the whole text of any element of the rendered page"
+    assert "muongate equivalence report" in texts.texts and "1 of 4 gates failed." in texts.texts
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, "the page rendered blank"

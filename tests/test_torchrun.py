@@ -9,7 +9,6 @@ both nodes to agree on one checkpoint directory.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -17,6 +16,8 @@ import sys
 from pathlib import Path
 
 from gates.test_optimizer_gates import EDGE_CASES
+from reports.records import CaseResult, Header
+from reports.stream import read_stream
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,13 +49,13 @@ def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) 
     edge_cases = len(EDGE_CASES)  # every one runs with 4 ranks, the HSDP ones included
     # and the checkpoint gate: one DCP directory shared by the ranks of both nodes
     assert any(f"{edge_cases + 1} passed" in out and "muongate report" in out for out in outputs), outputs[0][-2000:]
-    records = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
-    assert records[0]["kind"] == "header" and records[0]["nproc"] == 4
-    cases = [r for r in records if r["kind"] == "case"]
-    assert all(r["passed"] for r in cases)
-    assert len([r for r in cases if r["gate"].startswith("edge:")]) == edge_cases
-    assert any(r["gate"] == "checkpoint" for r in cases)
-    assert {r["gate"] for r in cases} >= {"edge:hsdp-2x2-uneven", "edge:hsdp-2x2-owner-split"}
+    records = list(read_stream(report / "results.jsonl"))
+    assert isinstance(records[0], Header) and records[0].nproc == 4
+    cases = [r for r in records if isinstance(r, CaseResult)]
+    assert all(r.passed for r in cases)
+    assert len([r for r in cases if r.gate.startswith("edge:")]) == edge_cases
+    assert any(r.gate == "checkpoint" for r in cases)
+    assert {r.gate for r in cases} >= {"edge:hsdp-2x2-uneven", "edge:hsdp-2x2-owner-split"}
     assert sorted(p.name for p in report.iterdir()) == [
         "equivalence.html",
         "equivalence.md",

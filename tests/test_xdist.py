@@ -3,11 +3,13 @@ store collisions, and the controller merges their streams into one report."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from reports.records import CaseResult
+from reports.stream import read_streams
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,11 +24,7 @@ def test_two_xdist_workers_run_two_pools_and_one_report(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:]
     assert "muongate report:" in result.stdout and "results-gw0.jsonl, results-gw1.jsonl" in result.stdout
-    cases = [
-        json.loads(line)
-        for path in sorted(report.glob("results-gw*.jsonl"))
-        for line in path.read_text().splitlines()
-        if json.loads(line)["kind"] == "case"
-    ]
-    assert len(cases) >= 200 and all(c["passed"] for c in cases)
+    records = read_streams(sorted(report.glob("results-gw*.jsonl")))
+    cases = [r for r in records if isinstance(r, CaseResult)]
+    assert len(cases) >= 200 and all(c.passed for c in cases)
     assert (report / "equivalence.html").exists() and (report / "equivalence.md").exists()

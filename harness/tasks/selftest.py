@@ -7,7 +7,7 @@ import signal
 import time
 from typing import Any
 
-from harness.pool import RankContext
+from harness.ranks import RankContext
 
 
 def sum_of_ranks(ctx: RankContext, payload: Any) -> float:

@@ -34,6 +34,7 @@ class RunDiff:
     worse: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
+    recounted: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
@@ -49,7 +50,8 @@ class RunDiff:
 
 def diff_runs(base: RunSummary, now: RunSummary) -> RunDiff:
     """Gates failing now but not before, fixed ones, ones that lost bitwise, and ones whose
-    worst max|diff| grew; gates present in only one run are listed, not judged."""
+    worst max|diff| grew; gates present in only one run, or that ran another number of cases
+    or comparisons, are listed, not judged."""
     d = RunDiff()
     for name in sorted(set(base.gates) | set(now.gates)):
         b, n = base.gates.get(name), now.gates.get(name)
@@ -59,18 +61,21 @@ def diff_runs(base: RunSummary, now: RunSummary) -> RunDiff:
         if n is None:
             d.missing.append(name)
             continue
+        if (b.cases, b.comparisons) != (n.cases, n.comparisons):
+            d.recounted.append((name, b.cases, n.cases))
         if n.failed_cases and not b.failed_cases:
             d.new_failures.append(name)
         if b.failed_cases and not n.failed_cases:
             d.fixed.append(name)
         if b.comparisons and b.bitwise == b.comparisons and n.bitwise < n.comparisons:
             d.no_longer_bitwise.append(name)
-        if _grew(b.worst_abs_diff, n.worst_abs_diff):
-            d.grown.append((name, b.worst_abs_diff, n.worst_abs_diff))
-        if _grew(b.worst_rel_fro, n.worst_rel_fro):
+        b_abs, n_abs = b.worst_abs_diff or 0.0, n.worst_abs_diff or 0.0
+        if _grew(b_abs, n_abs):
+            d.grown.append((name, b_abs, n_abs))
+        b_fro, n_fro = b.worst_rel_fro or 0.0, n.worst_rel_fro or 0.0
+        if _grew(b_fro, n_fro):
             d.worse.append(
-                f"{name}: worst relative Frobenius error {b.worst_rel_fro:.3g} → {n.worst_rel_fro:.3g} "
-                f"(margin {ERROR_MARGIN:.0%})"
+                f"{name}: worst relative Frobenius error {b_fro:.3g} → {n_fro:.3g} (margin {ERROR_MARGIN:.0%})"
             )
         if _band_widened(b, n):
             d.worse.append(
@@ -99,6 +104,7 @@ def render_diff(d: RunDiff) -> Table:
         ("worst max|diff| grew", ", ".join(f"{g} ({a:.3g} → {b:.3g})" for g, a, b in d.grown)),
         ("error or band worse", "; ".join(d.worse)),
         ("fixed", ", ".join(d.fixed)),
+        ("cases or comparisons counted differently", ", ".join(f"{g} ({a} → {b} cases)" for g, a, b in d.recounted)),
         ("only in baseline", ", ".join(d.missing)),
         ("only now", ", ".join(d.added)),
     ]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from harness.pool import CaseOutcome, RankContext, RankFailure, make_groups
+from harness.ranks.context import CaseOutcome, RankContext, RankFailure, make_groups
 
 
 def launched_by_torchrun() -> bool:

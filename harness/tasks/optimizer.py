@@ -12,14 +12,13 @@ no rank raises inside a collective: the verdicts go back to the parent.
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -29,34 +28,14 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import reference
-from harness.cases import Case, ParamSpec
-from harness.compare import BITWISE, Comparison, Tier, compare
-from harness.pool import RankContext
-
-STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
-
-
-def load_object(spec: str) -> Any:
-    """``'package.module:attr'`` → the object; the error says what was asked for."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"{spec!r} is not of the form MODULE:NAME")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-def initial_param(spec: ParamSpec, seed: int, index: int) -> Tensor:
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
-    return torch.randn(spec.shape, generator=gen).to(getattr(torch, spec.dtype))
-
-
-def gradient(spec: ParamSpec, seed: int, index: int, step: int) -> Tensor | None:
-    """The gradient of parameter ``index`` on ``step``: the same on every rank and both sides."""
-    if spec.grad == "none" or (spec.grad == "every_other" and step % 2 == 1):
-        return None
-    if spec.grad == "zero":
-        return torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype))
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + index + 7919 * (step + 1))
-    return (torch.randn(spec.shape, generator=gen) * spec.grad_scale).to(getattr(torch, spec.dtype))
+from harness.candidates.kernel import orthogonalizer
+from harness.cases.case import Case, ParamSpec
+from harness.cases.tensors import generator, gradient, initial_param, spectrum_matrix
+from harness.compare import compare
+from harness.ranks import RankContext
+from harness.tasks.common import compare_params_and_state, factory_of, mesh_for, param_groups, shard_like
+from harness.tasks.result import TaskResult
+from reports.records import Comparison
 
 
 class _Holder(nn.Module):
@@ -66,33 +45,21 @@ class _Holder(nn.Module):
             self.register_parameter(name, nn.Parameter(t.clone()))
 
 
-def param_groups(case: Case, params: Sequence[Tensor], names: Sequence[str]) -> list[dict[str, Any]]:
-    muon = [i for i, s in enumerate(case.params) if s.use_muon]
-    other = [i for i, s in enumerate(case.params) if not s.use_muon]
-    groups = []
-    for use_muon, idx in ((True, muon), (False, other)):
-        if idx:
-            groups.append(
-                {"params": [params[i] for i in idx], "param_names": [names[i] for i in idx], "use_muon": use_muon}
-            )
-    return groups
-
-
-def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
-    plain = [nn.Parameter(t.clone()) for t in tensors]
-    return reference.Muon(
-        param_groups(case, plain, [s.name for s in case.params]), orthogonalize_fn=_kernel(case), **case.settings_dict()
-    )
+def _groups(case: Case, params: Sequence[Tensor]) -> list[dict[str, Any]]:
+    return param_groups((s.name, p, s.use_muon) for s, p in zip(case.params, params, strict=True))
 
 
 def _kernel(case: Case) -> Callable[..., Tensor] | None:
     """The case's ``--kernel`` behind the reference's ``orthogonalize`` signature, if any."""
-    from harness.kernels import orthogonalizer
-
     return orthogonalizer(case.kernel) if case.kernel else None
 
 
-def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.Optimizer]) -> torch.optim.Optimizer:
+def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
+    plain: list[Tensor] = [nn.Parameter(t.clone()) for t in tensors]
+    return reference.Muon(_groups(case, plain), orthogonalize_fn=_kernel(case), **case.settings_dict())
+
+
+def _candidate(case: Case, model: nn.Module) -> torch.optim.Optimizer:
     params = [model.get_parameter(s.name) for s in case.params]
     # Every reference setting, defaults included: a plug-in gets the whole configuration.
     kwargs = {k: v for k, v in {**reference.MUON_DEFAULTS, **case.settings_dict()}.items() if k != "use_muon"}
@@ -100,21 +67,7 @@ def _candidate(case: Case, model: nn.Module, factory: Callable[..., torch.optim.
         kwargs["mode"] = case.mode
     if case.kernel:
         kwargs["orthogonalize_fn"] = _kernel(case)
-    return factory(param_groups(case, params, [s.name for s in case.params]), **kwargs)
-
-
-def mesh_for(ctx: RankContext, mesh: tuple[int, ...]) -> DeviceMesh:
-    """A mesh over the pool's groups made for it at start-up (no group is made here)."""
-    device_type = torch.device(ctx.device).type
-    if len(mesh) == 1:
-        return DeviceMesh.from_group(ctx.group, device_type, mesh_dim_names=("shard",))
-    shape = (mesh[0], mesh[-1])
-    if len(mesh) != 2 or shape not in ctx.hsdp_groups:
-        raise ValueError(f"no HSDP groups for mesh {mesh}: 2-D meshes are (2, w // 2) for even w >= 4")
-    layout = torch.arange(ctx.world_size).view(*shape)
-    return DeviceMesh.from_group(
-        list(ctx.hsdp_groups[shape]), device_type, mesh=layout, mesh_dim_names=("replicate", "shard")
-    )
+    return factory_of(case.candidate)(_groups(case, params), **kwargs)
 
 
 def _model(case: Case, tensors: list[Tensor], mesh: DeviceMesh) -> nn.Module:
@@ -144,47 +97,41 @@ def last_phases(ctx: RankContext, payload: Any) -> dict[str, float]:
     return dict(_LAST_PHASES)
 
 
-def run_optimizer_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[str, Any]]:
-    """Runs one case on this rank and returns its comparison records."""
-    gate, case = payload
+def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
+    """Runs one case on this rank; its comparisons after every step."""
     phases = _Phases()
     device = torch.device(ctx.device)
-    factory = load_object(case.candidate)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
     phases.lap("inputs")
     mesh = mesh_for(ctx, case.mesh)
     ref = _reference(case, tensors)
     ref_by_name = _by_name(ref)
     model = _model(case, tensors, mesh)
-    opt = _candidate(case, model, factory)
+    opt = _candidate(case, model)
     phases.lap("set-up (mesh, fully_shard, optimizers)")
     records: list[Comparison] = []
     for step in range(case.steps):
         for i, spec in enumerate(case.params):
             g = gradient(spec, case.seed, i, step)
-            ref_p = ref_by_name[spec.name]
             cand_p = model.get_parameter(spec.name)
-            ref_p.grad = None if g is None else g.to(device)
-            cand_p.grad = None if g is None else _shard_like(g.to(device), cand_p)
+            ref_by_name[spec.name].grad = None if g is None else g.to(device)
+            cand_p.grad = None if g is None else shard_like(g.to(device), cand_p)
         phases.lap("inputs")
         ref.step()
         phases.lap("reference step")
         opt.step()
         phases.lap("candidate step (with its collectives)")
         if case.checkpoint_after is not None and step + 1 == case.checkpoint_after:
-            model, opt = _round_trip(case, model, opt, mesh, factory, ctx)
+            model, opt = _round_trip(case, model, opt, mesh, ctx)
             phases.lap("checkpoint round trip")
-        records += _compare_step(gate, case, step, ctx.rank, ref, ref_by_name, opt, model)
+        records += _compare_step(case, step, ctx.rank, ref, ref_by_name, opt, model)
         phases.lap("compare")
-    out = [r.to_record() for r in records]
-    phases.lap("compare")
     _LAST_PHASES.clear()
     _LAST_PHASES.update(phases.seconds)
-    return out
+    return TaskResult(tuple(records))
 
 
 def _compare_step(
-    gate: str,
     case: Case,
     step: int,
     rank: int,
@@ -193,43 +140,12 @@ def _compare_step(
     opt: torch.optim.Optimizer,
     model: nn.Module,
 ) -> list[Comparison]:
-    """Every parameter and every optimizer state tensor both sides have, after one step."""
-    records = []
-    for spec in case.params:
-        ref_p, cand_p = ref_by_name[spec.name], model.get_parameter(spec.name)
-        records.append(compare_shard(gate, spec.name, step, rank, ref_p.detach(), cand_p))
-        ref_state, cand_state = ref.state.get(ref_p, {}), opt.state.get(cand_p, {})
-        for key in STATE_KEYS:
-            if key in ref_state and key in cand_state:
-                records.append(compare_shard(gate, f"{spec.name}.{key}", step, rank, ref_state[key], cand_state[key]))
-    return records
-
-
-def _shard_like(full: Tensor, p: Tensor) -> Tensor:
-    if isinstance(p, DTensor):
-        return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
-    return full
-
-
-def compare_shard(
-    gate: str, name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor, tier: Tier = BITWISE
-) -> Comparison:
-    """This rank's shard of ``cand`` against the same rows of the full reference tensor (no collective)."""
-    if isinstance(cand, DTensor):
-        expected = distribute_tensor(ref_full, cand.device_mesh, cand.placements, src_data_rank=None).to_local()
-        actual = cand.to_local()
-    else:
-        expected, actual = ref_full, cand
-    return compare(expected, actual.detach(), gate=gate, tensor=name, step=step, rank=rank, tier=tier)
+    pairs = ((s.name, ref_by_name[s.name], model.get_parameter(s.name)) for s in case.params)
+    return compare_params_and_state(pairs, ref, opt, step=step, rank=rank)
 
 
 def _round_trip(
-    case: Case,
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    mesh: DeviceMesh,
-    factory: Callable[..., torch.optim.Optimizer],
-    ctx: RankContext,
+    case: Case, model: nn.Module, opt: torch.optim.Optimizer, mesh: DeviceMesh, ctx: RankContext
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Saves model and optimizer with DCP, loads them into a fresh model and optimizer."""
     import torch.distributed.checkpoint as dcp
@@ -254,7 +170,7 @@ def _round_trip(
     dcp.save(saved, checkpoint_id=path, process_group=ctx.group)
     zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=ctx.device) for s in case.params]
     fresh = _model(case, zeros, mesh)
-    fresh_opt = _candidate(case, fresh, factory)
+    fresh_opt = _candidate(case, fresh)
     state: dict[str, Any] = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
     # A parameter that never had a gradient has no optimizer state in the checkpoint, while
     # DCP's state-dict API initializes state for every parameter of the fresh optimizer.
@@ -267,12 +183,13 @@ def _round_trip(
     return fresh, fresh_opt
 
 
-def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[str, Any]]:
-    """Gathers each matrix of the case from its shards, orthogonalizes it the candidate's way
-    (``case.mode``), and compares this rank's rows with the reference's full-matrix result."""
+def run_orthogonalize_case(ctx: RankContext, case: Case) -> TaskResult:
+    """Gathers each matrix of the case from its shards, orthogonalizes it ``ShardedMuon``'s way
+    (``case.mode``), and compares this rank's rows with the reference's full-matrix result.
+    This judges muongate's own placement and exchange code, not a candidate."""
     from distributed_impl import placement
+    from distributed_impl.exchange import OwnerExchange
 
-    gate, case = payload
     device = torch.device(ctx.device)
     settings = {**reference.MUON_DEFAULTS, **case.settings_dict()}
     ns = reference.group_orthogonalizer(settings, _kernel(case))
@@ -286,8 +203,7 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
     if case.mode == "owner_split":
         # Tiny buckets: several exchanges per step, overlapping, as at scale.
         arrived: dict[int, Tensor] = {}
-        exchange = placement.OwnerExchange(bucket_numel=256)
-        exchange.run(
+        OwnerExchange(bucket_numel=256).run(
             shards,
             lambda k, out: out.copy_(locals_[k]),
             lambda matrices: [ns(m) for m in matrices],
@@ -300,8 +216,8 @@ def run_orthogonalize_case(ctx: RankContext, payload: tuple[str, Case]) -> list[
     records = []
     for spec, full, shard, mine in zip(case.params, fulls, shards, got, strict=True):
         expected = distribute_tensor(ns(full), mesh, shard.placements, src_data_rank=None).to_local()
-        records.append(compare(expected, mine, gate=gate, tensor=spec.name, rank=ctx.rank))
-    return [r.to_record() for r in records]
+        records.append(compare(expected, mine, tensor=spec.name, rank=ctx.rank))
+    return TaskResult(tuple(records))
 
 
 def backward_model_case(seed: int, dims: tuple[int, int, int], world_size: int, steps: int, mode: str) -> Case:
@@ -322,10 +238,9 @@ def backward_model_case(seed: int, dims: tuple[int, int, int], world_size: int, 
     )
 
 
-def run_backward_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[str, Any]]:
+def run_backward_case(ctx: RankContext, case: Case) -> TaskResult:
     """FSDP2 forward and backward on per-rank micro-batches; the reference is fed the
     gradients FSDP2 produced (gathered), so the claim is the optimizer after a real backward."""
-    gate, case = payload
     device = torch.device(ctx.device)
     d1, d0 = case.params[0].shape
     d2 = case.params[1].shape[0]
@@ -340,11 +255,10 @@ def run_backward_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[
     fully_shard(model[0], mesh=mesh)
     fully_shard(model[2], mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = _candidate(case, model, load_object(case.candidate))
+    opt = _candidate(case, model)
     records: list[Comparison] = []
     for step in range(case.steps):
-        gen = torch.Generator().manual_seed(case.seed * 7 + step * 131 + ctx.rank)
-        x = torch.randn(4, d0, generator=gen).to(device)
+        x = torch.randn(4, d0, generator=generator(case.seed, ctx.rank, step)).to(device)
         model(x).square().mean().backward()
         for spec in case.params:
             grad = model.get_parameter(spec.name).grad
@@ -352,8 +266,33 @@ def run_backward_case(ctx: RankContext, payload: tuple[str, Case]) -> list[dict[
         ref.step()
         opt.step()
         opt.zero_grad()
-        records += _compare_step(gate, case, step, ctx.rank, ref, ref_by_name, opt, model)
-    return [r.to_record() for r in records]
+        records += _compare_step(case, step, ctx.rank, ref, ref_by_name, opt, model)
+    return TaskResult(tuple(records))
+
+
+def run_spectrum_case(ctx: RankContext, case: Case) -> TaskResult:
+    """One candidate step on its first (2-D, Muon) parameter, from zero weights, on a gradient
+    with known singular values (``spectrum_matrix``), with no momentum and no weight decay:
+    the weights after the step are ``−lr·scale·O``, where ``O`` is the candidate's
+    orthogonalization of the gradient. Rank 0 returns ``O``'s singular values (float64),
+    gathered with DTensor's own ``full_tensor`` (every rank takes part)."""
+    device = torch.device(ctx.device)
+    spec = case.params[0]
+    model = _model(
+        case, [torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=device)], mesh_for(ctx, case.mesh)
+    )
+    opt = _candidate(case, model)
+    p = model.get_parameter(spec.name)
+    g = spectrum_matrix(spec.shape[0], spec.shape[1], generator(case.seed)).to(getattr(torch, spec.dtype))
+    p.grad = shard_like(g.to(device), p)
+    opt.step()
+    settings = {**reference.MUON_DEFAULTS, **case.settings_dict()}
+    scaled_lr = settings["lr"] * reference.lr_scale(spec.shape, settings["adjust_lr_fn"])
+    full = cast(DTensor, p.detach()).full_tensor() if isinstance(p, DTensor) else p.detach()
+    if ctx.rank != 0:
+        return TaskResult()
+    o = -full.double().cpu() / scaled_lr
+    return TaskResult(figures={"singular_values": torch.linalg.svdvals(o).tolist()})
 
 
 def _by_name(ref: reference.Muon) -> dict[str, Tensor]:

@@ -1,10 +1,7 @@
 """A small decoder-only transformer trained on text that ships with Python.
 
-Data: the documentation topics in the standard library's ``pydoc_data.topics`` (about
-460 KB of English and code), as UTF-8 bytes, one token per byte (vocabulary 256), so a
-loss in nats per token divided by ln 2 is bits per byte. The first 90% of the bytes
-train, the last 10% are held out. Nothing is downloaded. The text differs slightly
-between Python versions; both sides of a comparison always run on the same one.
+Data: Python's own documentation text (``harness.models.corpus``), one token per byte
+(vocabulary 256), so a loss in nats per token divided by ln 2 is bits per byte.
 
 Model: token embedding, ``layers`` pre-norm blocks (causal self-attention written out
 with matmuls, so it is deterministic on every device, then an MLP), a final norm and an
@@ -20,7 +17,6 @@ takes the embedding, the head and the norms.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,24 +26,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.fsdp import fully_shard
 
-from harness.moe import MoE
+from harness.cases.case import candidate_name
+from harness.cases.tensors import generator
+from harness.models.corpus import split
+from harness.models.moe import MoE
 
 Mlp = Literal["dense", "moe"]
-
-
-@functools.cache
-def corpus() -> bytes:
-    from pydoc_data.topics import topics
-
-    return "".join(topics[k] for k in sorted(topics)).encode("utf-8")
-
-
-@functools.cache
-def split(part: Literal["train", "held_out"]) -> Tensor:
-    """The part's bytes as token ids, built once per process (every loss call reads it; never written)."""
-    data = torch.frombuffer(bytearray(corpus()), dtype=torch.uint8).long()
-    cut = int(len(data) * 0.9)
-    return data[:cut] if part == "train" else data[cut:]
 
 
 @dataclass(frozen=True)
@@ -66,7 +50,7 @@ class TransformerCase:
     seq: int = 32
     batch: int = 4
     experts: int = 4
-    candidate: str = "distributed_impl:ShardedMuon"
+    candidate: Any = None
     settings: tuple[tuple[str, Any], ...] = field(
         default=(("lr", 0.02), ("weight_decay", 0.01), ("adamw_lr", 3e-3), ("adamw_weight_decay", 0.01))
     )
@@ -77,10 +61,10 @@ class TransformerCase:
         return (
             f"TransformerCase({self.name}: {self.layers} layers, d={self.dim}, {self.heads} heads, {self.mlp} MLP, "
             f"{qkv}, world={self.world_size}, steps={self.steps}, batch {self.batch}x{self.seq} bytes per rank, "
-            f"seed={self.seed}, candidate={self.candidate})"
+            f"seed={self.seed}, candidate={candidate_name(self.candidate)})"
         )
 
-    # -- harness.training.TrainingSpec --
+    # -- harness.tasks.training.TrainingSpec --
     def build(self) -> Transformer:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
@@ -96,7 +80,7 @@ class TransformerCase:
         """Cross-entropy (nats per byte) on ``rank``'s micro-batch of ``step``: ``batch``
         windows of the training bytes at offsets drawn from (seed, step, rank)."""
         data = split("train")
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * step + rank)
+        gen = generator(self.seed, rank, step)
         starts = torch.randint(0, len(data) - self.seq - 1, (self.batch,), generator=gen)
         windows = torch.stack([data[s : s + self.seq + 1] for s in starts.tolist()]).to(device)
         logits = model(windows[:, :-1])

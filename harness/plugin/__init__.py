@@ -2,15 +2,17 @@
 
 Loaded by the root ``conftest.py`` and exposed as the ``harness.plugin`` ``pytest11`` entry
 point, so after ``pip install`` another project's suite has it too (and runs the gates
-with ``--pyargs gates``).
-Heavy imports (torch, rich) wait until they are needed.
+with ``--pyargs gates``). Options and their checks live in ``options``; the live display
+in ``progress``. Heavy imports (torch, rich) wait until they are needed.
+
+What a CI system reads: each gate's figures go into the test's ``user_properties`` (so
+``--junitxml`` carries them), and the Markdown report is appended to
+``$GITHUB_STEP_SUMMARY`` when that variable is set.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from harness.cases import DEFAULT_CANDIDATE
-from harness.launcher import LauncherGroup, launched_by_torchrun
+from harness.plugin.options import PROFILE_VARIABLE, add_options, check_options
+from harness.ranks import launched_by_torchrun
 
 # Profiles are registered at import, before hypothesis's own plugin reads
 # --hypothesis-profile; "ci" is the default unless that option or the variable says otherwise.
@@ -31,12 +33,11 @@ _BASE = settings(
 settings.register_profile("ci", _BASE, max_examples=200, derandomize=True)
 settings.register_profile("dev", _BASE, max_examples=20)
 settings.register_profile("thorough", _BASE, max_examples=2000)
-settings.load_profile(os.environ.get("MUONGATE_HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile("ci")
 
-DEFAULT_REPORT_DIR = "gate-report"
 _NPROC = pytest.StashKey[int]()
 _RUNNER = pytest.StashKey[Any]()
-_SKIPS = pytest.StashKey[list[dict[str, Any]]]()
+_SKIPS = pytest.StashKey[list[tuple[str, str]]]()
 _IMPL = pytest.StashKey[Any]()
 _KERNEL = pytest.StashKey[Any]()
 _BASELINE = pytest.StashKey[Any]()
@@ -45,53 +46,7 @@ _DEVICES = pytest.StashKey[tuple[str, list[str]]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("muongate", "muongate: distributed optimizer equivalence gates")
-    group.addoption(
-        "--nproc",
-        type=int,
-        default=None,
-        help="number of rank processes in the pool (default: 2). Cases draw world sizes from 1 to this.",
-    )
-    group.addoption(
-        "--gate-device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="where ranks run: cpu (gloo), cuda (NCCL, one GPU per rank), or auto: cuda when "
-        "at least --nproc GPUs are visible, else cpu (default: auto).",
-    )
-    group.addoption(
-        "--case-timeout",
-        type=float,
-        default=120.0,
-        help="wall-clock seconds one distributed case may take before its ranks are dumped and killed (default: 120).",
-    )
-    group.addoption(
-        "--impl",
-        metavar="MODULE:FACTORY",
-        default=None,
-        help="put this optimizer factory in place of distributed_impl.ShardedMuon in every optimizer gate "
-        "(the contract is in harness/plugins.py and the README).",
-    )
-    group.addoption(
-        "--kernel",
-        metavar="MODULE:FN",
-        default=None,
-        help="a Newton-Schulz kernel FN(matrix, steps) -> matrix: every optimizer gate runs it on both sides, "
-        "and the kernel gates measure it against the reference (contract: harness/kernels.py, README).",
-    )
-    group.addoption(
-        "--gate-baseline",
-        metavar="FILE",
-        default=None,
-        help="a figures.json from an earlier run: the session fails if a gate that was bitwise no longer is, "
-        "or its worst error or singular-value band got worse beyond the stated margins.",
-    )
-    group.addoption(
-        "--gate-report",
-        default=DEFAULT_REPORT_DIR,
-        metavar="DIR",
-        help=f"directory for results.jsonl, equivalence.html and equivalence.md (default: {DEFAULT_REPORT_DIR}).",
-    )
+    add_options(parser)
 
 
 def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
@@ -133,8 +88,14 @@ def _xdist_workers(config: pytest.Config) -> tuple[int, int]:
     return (count if isinstance(count, int) and count > 0 else 1), 0
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    """Checks every option (before hypothesis's own plugin reads its profile), then resolves
+    the world size, the devices and the plug-ins once, so that usage errors come now."""
     config.addinivalue_line("markers", "gate: a distributed equivalence claim run on the rank pool")
+    check_options(config)
+    if os.environ.get(PROFILE_VARIABLE) and not config.getoption("hypothesis_profile", None):
+        settings.load_profile(os.environ[PROFILE_VARIABLE])
     nproc = config.getoption("nproc")
     if launched_by_torchrun():
         world = int(os.environ["WORLD_SIZE"])
@@ -146,11 +107,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if int(os.environ["RANK"]) != 0:
             config.option.verbose = -2  # rank 0 speaks for the job; the others report only failures
     nproc = 2 if nproc is None else nproc
-    if nproc < 1:
-        raise pytest.UsageError(f"--nproc {nproc}: the pool needs at least one rank; try --nproc 2")
     config.stash[_NPROC] = nproc
     os.environ["MUONGATE_NPROC"] = str(nproc)
-    # Resolved once, here: usage errors (too few GPUs) come now, not at the first gate.
     config.stash[_DEVICES] = _resolve_device(config, nproc)
     config.stash[_IMPL] = _impl(config)
     config.stash[_KERNEL] = _kernel(config)
@@ -178,27 +136,22 @@ def pytest_report_header(config: pytest.Config) -> str:
     import hypothesis
     import torch
 
+    from harness.runinfo import muongate_commit
+
     backend, devices = config.stash[_DEVICES]
     return (
-        f"muongate: torch {torch.__version__}, backend {backend} on {devices[0].split(':')[0]}, "
-        f"nproc {config.stash[_NPROC]}, hypothesis {hypothesis.__version__} profile {settings._current_profile}"
+        f"muongate {muongate_commit()}: torch {torch.__version__}, backend {backend} on {devices[0].split(':')[0]}, "
+        f"nproc {config.stash[_NPROC]}, hypothesis {hypothesis.__version__} profile "
+        f"{settings.get_current_profile_name()}"
     )
-
-
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 @pytest.fixture(scope="session")
 def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The session's ``GateRunner``: a rank pool plus the results stream."""
-    import torch
-
-    from harness.pool import RankPool
+    from harness.plugin.progress import CaseProgress, terminal
+    from harness.ranks import LauncherGroup, RankPool
+    from harness.runinfo import make_header
     from harness.runner import GateRunner
     from reports.stream import ResultStream
 
@@ -211,33 +164,27 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     torchrun = launched_by_torchrun()
     writes_report = not torchrun or int(os.environ["RANK"]) == 0
     stream = ResultStream(os.path.join(directory, name) if writes_report else None)
-    stream.write(
-        {
-            "kind": "header",
-            "torch": torch.__version__,
-            "backend": backend,
-            "device": devices[0].split(":")[0],
-            "devices": devices,
-            "nproc": nproc,
-            "hypothesis_profile": settings._current_profile,
-            "hypothesis_seed": config.getoption("hypothesis_seed", None),
-            "git_commit": _git_commit(),
-            "impl": config.getoption("impl") or DEFAULT_CANDIDATE,
-            "kernel": config.getoption("kernel"),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        },
-        sync=True,
-    )
     timeout = config.getoption("case_timeout")
     pool: Any
     if torchrun:
         pool = LauncherGroup(backend=backend, device=devices[0], timeout_s=timeout)
     else:
         pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout)
-    tty = _terminal() if writes_report else None
-    progress = _CaseProgress.start(tty) if tty is not None else None
-    runner = GateRunner(
-        pool, stream, launcher=torchrun, on_case=progress, impl=config.stash[_IMPL], kernel=config.stash[_KERNEL]
+    tty = terminal() if writes_report else None
+    progress = CaseProgress.start(tty) if tty is not None else None
+    impl, kernel = config.stash[_IMPL], config.stash[_KERNEL]
+    runner = GateRunner(pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel)
+    seed = config.getoption("hypothesis_seed", None)
+    runner.start(
+        make_header(
+            backend=backend,
+            devices=devices,
+            nproc=nproc,
+            hypothesis_profile=settings.get_current_profile_name(),
+            hypothesis_seed=None if seed is None else str(seed),
+            impl=impl.spec if impl else "distributed_impl:ShardedMuon",
+            kernel=kernel.spec if kernel else None,
+        )
     )
     config.stash[_RUNNER] = runner
     _flush_skips(config)
@@ -251,13 +198,13 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 def _impl(config: pytest.Config) -> Any:
-    from harness.plugins import Impl
+    from harness.candidates import Impl
 
     return _load_plugin(config, "impl", Impl.load, "MODULE:FACTORY")
 
 
 def _kernel(config: pytest.Config) -> Any:
-    from harness.kernels import Kernel
+    from harness.candidates import Kernel
 
     if config.getoption("kernel") and config.getoption("impl"):
         raise pytest.UsageError("--kernel with --impl: a plug-in optimizer brings its own Newton-Schulz; use one")
@@ -279,7 +226,7 @@ def _baseline(config: pytest.Config) -> Any:
     """The ``--gate-baseline`` figures, read now so that a bad file is a usage error, not a late crash."""
     import json
 
-    from reports.summary import from_figures
+    from reports.files import from_figures
 
     path = config.getoption("gate_baseline")
     if path is None:
@@ -292,65 +239,26 @@ def _baseline(config: pytest.Config) -> Any:
         ) from e
 
 
-def _terminal() -> Any:
-    """The controlling terminal of a person watching (not CI), or ``None``.
-
-    pytest captures file descriptors 1 and 2 while tests run, so a live display during a
-    test must write to the terminal device itself.
-    """
-    if os.environ.get("CI"):
-        return None
-    try:
-        return open("/dev/tty", "w")  # closed by _CaseProgress.stop
-    except OSError:
-        return None
-
-
-class _CaseProgress:
-    """A live count of cases per gate on the terminal, for long interactive runs; gone when done."""
-
-    def __init__(self, tty: Any) -> None:
-        from rich.console import Console
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TextColumn("{task.completed} cases, {task.fields[failed]} failed"),
-            TimeElapsedColumn(),
-            console=Console(file=tty, force_terminal=True),
-            transient=True,
-        )
-        self._tty = tty
-        self._tasks: dict[str, Any] = {}
-
-    @classmethod
-    def start(cls, tty: Any) -> _CaseProgress:
-        progress = cls(tty)
-        progress._progress.start()
-        return progress
-
-    def __call__(self, gate: str, passed: bool) -> None:
-        if gate not in self._tasks:
-            self._tasks[gate] = self._progress.add_task(gate, total=None, failed=0)
-        task = self._tasks[gate]
-        failed = self._progress.tasks[task].fields["failed"] + (not passed)
-        self._progress.update(task, advance=1, failed=failed)
-
-    def stop(self) -> None:
-        self._progress.stop()
-        self._tty.close()
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """A skipped gate goes into the stream with its reason, so the report shows what did not run."""
+    """A gate's figures go into its report's properties (``--junitxml``); a failed gate shows
+    its verdict and hypothesis's notes; a skipped gate goes into the stream with its reason,
+    so the report shows what did not run."""
+    runner = item.config.stash.get(_RUNNER, None)
+    if call.when == "call" and runner is not None:
+        for gate, figures in runner.figures.get(item.nodeid, {}).items():
+            item.user_properties += [(f"{gate}.{key}", value) for key, value in figures.items()]
     report = yield
+    failure = call.excinfo.value if call.excinfo is not None else None
+    if report.failed and isinstance(failure, pytest.fail.Exception) and not failure.pytrace:
+        # A verdict is shown without a traceback; what hypothesis adds to it (the falsifying
+        # example, the @reproduce_failure blob) still belongs under it.
+        notes = getattr(failure, "__notes__", [])
+        if notes:
+            report.longrepr = "\n".join([str(report.longrepr), *notes])
     if report.skipped and item.get_closest_marker("gate") is not None:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        item.config.stash.setdefault(_SKIPS, []).append(
-            {"kind": "skip", "gate": item.nodeid, "reason": reason.removeprefix("Skipped: ")}
-        )
+        item.config.stash.setdefault(_SKIPS, []).append((item.nodeid, reason.removeprefix("Skipped: ")))
         _flush_skips(item.config)
     return report
 
@@ -358,8 +266,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def _flush_skips(config: pytest.Config) -> None:
     runner = config.stash.get(_RUNNER, None)
     if runner is not None:
-        for record in config.stash.get(_SKIPS, []):
-            runner.stream.write(record, sync=True)
+        for gate, reason in config.stash.get(_SKIPS, []):
+            runner.skip(gate, reason)
         config.stash[_SKIPS] = []
 
 
@@ -387,7 +295,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     streams = _streams(session.config)
     if baseline is None or not streams:
         return
-    from reports.compare import diff_runs
+    from reports.diff import diff_runs
     from reports.stream import read_streams
     from reports.summary import summarize
 
@@ -403,22 +311,29 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     from rich.console import Console
 
-    from reports.compare import render_diff
+    from reports.diff import render_diff
+    from reports.files import write_files
+    from reports.markdown import to_markdown
     from reports.stream import read_streams
-    from reports.summary import render, summarize, write_files
+    from reports.summary import summarize
+    from reports.terminal import render
 
     records = read_streams(streams)
     summary = summarize(records)
-    if not (summary.gates or summary.scenarios or summary.negative_controls):
+    if summary.empty:
         return
     console = Console(
         file=terminalreporter._tw._file, width=max(140, terminalreporter._tw.fullwidth), no_color="CI" in os.environ
     )
     console.print(render(summary))
     directory = streams[0].parent
-    write_files(summary, str(directory), records)
+    write_files(summary, directory)
     names = ", ".join(p.name for p in streams)
     terminalreporter.write_line(f"muongate report: {directory}/equivalence.html, equivalence.md, figures.json, {names}")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a", encoding="utf-8") as f:
+            f.write(to_markdown(summary))
     diff = config.stash.get(_BASELINE_DIFF, None)
     if diff is not None:
         console.print(render_diff(diff))

@@ -1,81 +1,17 @@
-"""Cases (what one distributed example is) and the hypothesis strategies that draw them.
+"""The hypothesis strategies that draw cases (``harness.cases.case``).
 
-A ``Case`` is a frozen, picklable record with a seed and never a tensor: every rank
-builds the same tensors from it (``harness.tensors``). Hypothesis runs in the pytest
-parent only; ranks receive concrete cases, so shrinking is just more cases.
-
-Strategies shrink towards the simplest case: one rank, a small square float32 matrix,
+Hypothesis runs in the pytest parent only; ranks receive concrete cases, so shrinking is
+just more cases. Strategies shrink towards the simplest case: one rank, a small square float32 matrix,
 one step, default settings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from hypothesis import strategies as st
 
-DType = Literal["float32", "bfloat16"]
-GradKind = Literal["normal", "zero", "none", "every_other"]
-Mode = Literal["all_ranks", "owner_split"]
-
-
-DEFAULT_CANDIDATE = "distributed_impl:ShardedMuon"
-
-
-class ParamSpec(NamedTuple):
-    """One parameter of a case: its name, global shape, dtype, group and gradient pattern."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: DType = "float32"
-    use_muon: bool = True
-    grad: GradKind = "normal"
-    grad_scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class Case:
-    """One optimizer example: parameters, settings, steps, world and layout, and a seed."""
-
-    params: tuple[ParamSpec, ...]
-    seed: int = 0
-    world_size: int = 1
-    mesh: tuple[int, ...] = (1,)
-    steps: int = 1
-    mode: Mode | None = "all_ranks"
-    settings: tuple[tuple[str, Any], ...] = ()
-    candidate: str = DEFAULT_CANDIDATE
-    checkpoint_after: int | None = None
-    kernel: str | None = None
-    label: str = field(default="", compare=False)
-
-    def settings_dict(self) -> dict[str, Any]:
-        """Optimizer keyword arguments; ``ns_dtype`` is stored by name and turned into a dtype here."""
-        import torch
-
-        out = dict(self.settings)
-        if "ns_dtype" in out:
-            out["ns_dtype"] = getattr(torch, out["ns_dtype"])
-        return out
-
-    def with_world(self, world_size: int) -> Case:
-        return replace(self, world_size=world_size, mesh=(world_size,))
-
-    def describe(self) -> str:
-        shapes = ", ".join(
-            f"{p.name}{list(p.shape)}:{p.dtype}{'' if p.use_muon else ':adamw'}{'' if p.grad == 'normal' else ':' + p.grad}"
-            for p in self.params
-        )
-        settings = ", ".join(f"{k}={v!r}" for k, v in self.settings)
-        return (
-            f"Case(world={self.world_size}, mesh={self.mesh}, steps={self.steps}, mode={self.mode}, "
-            f"seed={self.seed}, params=[{shapes}], settings={{{settings}}}"
-            + (f", checkpoint_after={self.checkpoint_after}" if self.checkpoint_after is not None else "")
-            + (f", candidate={self.candidate}" if self.candidate != DEFAULT_CANDIDATE else "")
-            + (f", kernel={self.kernel}" if self.kernel else "")
-            + ")"
-        )
+from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec
 
 
 def _check_bounds(name_lo: str, lo: int, name_hi: str, hi: int) -> None:

@@ -13,8 +13,9 @@ On 2 ranks FSDP2 averages two gradients, which is order-independent, so the verd
 bitwise. Beyond 2 ranks FSDP2 sums in its own order; the tiers are ``reduction_order``
 (tensors) and ``reduction_order_loss`` (losses), with the measured reasons.
 
-A ``TrainingSpec`` says what to train: ``harness.moe.MoECase`` (the MoE deadlock model)
-and ``harness.transformer.TransformerCase`` (a small decoder-only transformer on text).
+A ``TrainingSpec`` says what to train: ``harness.models.moe.MoECase`` (the MoE deadlock
+model) and ``harness.models.transformer.TransformerCase`` (a small decoder-only transformer
+on text).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ import torch
 from torch import Tensor, nn
 
 import reference
-from harness.compare import BITWISE, Comparison, Tier, compare
-from harness.pool import RankContext
-from harness.tasks import STATE_KEYS, compare_shard, load_object, mesh_for
+from harness.cases.case import optimizer_settings
+from harness.compare import BITWISE, Tier, compare
+from harness.ranks import RankContext
+from harness.tasks.common import compare_params_and_state, compare_shard, factory_of, mesh_for, param_groups
+from harness.tasks.result import TaskResult
+from reports.records import Comparison
 
 
 class TrainingSpec(Protocol):
@@ -45,7 +49,9 @@ class TrainingSpec(Protocol):
     def steps(self) -> int: ...
 
     @property
-    def candidate(self) -> str: ...
+    def candidate(self) -> Any:
+        """The candidate factory; ``None``: ``distributed_impl.ShardedMuon``."""
+        ...
 
     @property
     def settings(self) -> tuple[tuple[str, Any], ...]: ...
@@ -89,31 +95,26 @@ def reduction_order_loss(spec: TrainingSpec) -> Tier:
     )
 
 
-def param_groups(model: nn.Module, adamw: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Muon for hidden matrices (2-D and 3-D), AdamW for vectors and the modules named in ``adamw``."""
-    muon: list[tuple[str, nn.Parameter]] = []
-    other: list[tuple[str, nn.Parameter]] = []
-    for name, p in model.named_parameters():
-        by_adamw = p.ndim < 2 or any(name == m or name.startswith(m + ".") for m in adamw)
-        (other if by_adamw else muon).append((name, p))
-    return [
-        {"params": [p for _, p in ps], "param_names": [n for n, _ in ps], "use_muon": use_muon}
-        for use_muon, ps in ((True, muon), (False, other))
-        if ps
-    ]
+def model_groups(spec: TrainingSpec, model: nn.Module) -> list[dict[str, Any]]:
+    """Muon for hidden matrices (2-D and 3-D), AdamW for vectors and the spec's ``adamw_modules``."""
+    adamw: tuple[str, ...] = getattr(spec, "adamw_modules", ())
+
+    def use_muon(name: str, p: Tensor) -> bool:
+        return p.ndim >= 2 and not any(name == m or name.startswith(m + ".") for m in adamw)
+
+    return param_groups((name, p, use_muon(name, p)) for name, p in model.named_parameters())
 
 
-def run_training_case(ctx: RankContext, payload: tuple[str, TrainingSpec]) -> dict[str, Any]:
-    """Trains both sides ``spec.steps`` steps; returns the comparison records and the loss curve
-    (the mean of the per-rank losses at each step, in bits per byte where the spec's loss is per byte)."""
-    gate, spec = payload
+def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
+    """Trains both sides ``spec.steps`` steps; the comparisons, and the loss curve (the mean of
+    the per-rank losses at each step, in bits per byte where the spec's loss is per byte)."""
     device = torch.device(ctx.device)
     ref_model = spec.build().to(device)
     model = copy.deepcopy(ref_model)
-    settings = dict(spec.settings)
-    ref_opt = reference.Muon(param_groups_of(spec, ref_model), **settings)
+    settings = optimizer_settings(spec.settings)
+    ref_opt = reference.Muon(model_groups(spec, ref_model), **settings)
     spec.shard(model, mesh_for(ctx, (spec.world_size,)))
-    opt = load_object(spec.candidate)(param_groups_of(spec, model), **settings)
+    opt = factory_of(spec.candidate)(model_groups(spec, model), **settings)
     tier = BITWISE if spec.world_size <= 2 else reduction_order(spec)
     loss_tier = BITWISE if spec.world_size <= 2 else reduction_order_loss(spec)
     records: list[Comparison] = []
@@ -126,33 +127,20 @@ def run_training_case(ctx: RankContext, payload: tuple[str, TrainingSpec]) -> di
         loss = spec.loss(model, ctx.rank, step, device)
         loss.backward()
         records.append(
-            compare(
-                ref_losses[ctx.rank], loss.detach(), gate=gate, tensor="loss", step=step, rank=ctx.rank, tier=loss_tier
-            )
+            compare(ref_losses[ctx.rank], loss.detach(), tensor="loss", step=step, rank=ctx.rank, tier=loss_tier)
         )
         for name, ref_p in ref_model.named_parameters():
             grad = names[name].grad
             if grad is not None and ref_p.grad is not None:
-                records.append(compare_shard(gate, f"{name}.grad", step, ctx.rank, ref_p.grad, grad, tier))
+                records.append(compare_shard(f"{name}.grad", step, ctx.rank, ref_p.grad, grad, tier))
         ref_opt.step()
         ref_opt.zero_grad()
         opt.step()
         opt.zero_grad()
-        for name, ref_p in ref_model.named_parameters():
-            p = names[name]
-            records.append(compare_shard(gate, name, step, ctx.rank, ref_p.detach(), p.detach(), tier))
-            ref_state, state = ref_opt.state.get(ref_p, {}), opt.state.get(p, {})
-            for key in STATE_KEYS:
-                if key in ref_state and key in state:
-                    records.append(
-                        compare_shard(gate, f"{name}.{key}", step, ctx.rank, ref_state[key], state[key], tier)
-                    )
+        pairs = ((name, ref_p, names[name]) for name, ref_p in ref_model.named_parameters())
+        records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank, tier=tier)
     held_out.append(spec.evaluate(ref_model, device))
-    return {"records": [r.to_record() for r in records], "train_bits": curve, "held_out_bits": held_out}
-
-
-def param_groups_of(spec: TrainingSpec, model: nn.Module) -> list[dict[str, Any]]:
-    return param_groups(model, getattr(spec, "adamw_modules", ()))
+    return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out})
 
 
 def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, device: torch.device) -> list[Tensor]:
@@ -186,7 +174,7 @@ def warm_up(ctx: RankContext, spec: TrainingSpec) -> None:
 _RUNS: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
 
 
-def train_steps(ctx: RankContext, payload: tuple[str, TrainingSpec, int, int]) -> dict[str, Any]:
+def train_steps(ctx: RankContext, payload: tuple[str, TrainingSpec, int, int]) -> TaskResult:
     """Steps ``first .. first + count - 1`` of run ``run_id`` with FSDP2 + the candidate only.
 
     The model and optimizer stay in this rank process between calls (one run at a time),
@@ -201,7 +189,7 @@ def train_steps(ctx: RankContext, payload: tuple[str, TrainingSpec, int, int]) -
         _RUNS.clear()
         model = spec.build().to(device)
         spec.shard(model, mesh_for(ctx, (spec.world_size,)))
-        opt = load_object(spec.candidate)(param_groups_of(spec, model), **dict(spec.settings))
+        opt = factory_of(spec.candidate)(model_groups(spec, model), **optimizer_settings(spec.settings))
         _RUNS[run_id] = (model, opt)
     model, opt = _RUNS[run_id]
     losses = []
@@ -216,4 +204,4 @@ def train_steps(ctx: RankContext, payload: tuple[str, TrainingSpec, int, int]) -
         mean = torch.stack(losses)
         dist.all_reduce(mean, group=ctx.group)
         bits = (mean / spec.world_size / math.log(2)).tolist()
-    return {"train_bits": bits, "held_out_bits": spec.evaluate(model, device)}
+    return TaskResult(figures={"train_bits": bits, "held_out_bits": spec.evaluate(model, device)})

@@ -13,7 +13,8 @@ The contract, for ``FACTORY``:
   - ``muongate_conventions``: the conventions it implements, as ``reference.Muon``
     settings (e.g. ``{"momentum_form": "ema", "eps_form": "clamp"}``). Every case uses
     them for both sides, so the reference is configured to match. A key the reference
-    does not know is reported (the gates skip, naming it), never compared silently;
+    does not know, or a value it cannot take, is reported (the gates skip, naming it),
+    never compared silently;
   - ``muongate_max_world``: the largest world size it supports (default: any);
   - ``muongate_features``: which of ``"adamw"``, ``"experts"`` (3-D parameters),
     ``"bf16"``, ``"checkpoint"``, ``"no_grad"`` it supports (default: all). Cases are
@@ -24,84 +25,90 @@ The contract, for ``FACTORY``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-
-from harness.cases import Case, ParamSpec
-from reference import MUON_DEFAULTS
+from harness.candidates.loading import load_declared
+from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
 
 FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "no_grad"})
-
-
-def load_declared(option: str, spec: str) -> tuple[Any, dict[str, Any]]:
-    """Imports the callable ``spec`` names for ``--option`` and the ``muongate_conventions`` it declares."""
-    from harness.tasks import load_object
-
-    obj = load_object(spec)
-    if not callable(obj):
-        raise TypeError(f"--{option} {spec}: {obj!r} is not callable")
-    return obj, dict(getattr(obj, "muongate_conventions", {}))
 
 
 class UnsupportedConvention(Exception):
     """The candidate declares a convention the reference cannot express."""
 
 
+def _inexpressible(conventions: dict[str, Any]) -> list[str]:
+    """Why the reference cannot take these conventions: unknown keys, or values it refuses."""
+    from reference import MUON_DEFAULTS, validate_settings
+
+    unknown = sorted(k for k in conventions if k not in MUON_DEFAULTS)
+    if unknown:
+        return [f"unknown keys {unknown}"]
+    try:
+        validate_settings({**MUON_DEFAULTS, **optimizer_settings(conventions.items())})
+    except (ValueError, AttributeError, TypeError) as e:
+        return [str(e)]
+    return []
+
+
 @dataclass(frozen=True)
 class Impl:
-    """A candidate optimizer and what it declared about itself."""
+    """A candidate optimizer (the factory itself) and what it declared about itself."""
 
     spec: str
+    factory: Any = field(compare=False, repr=False)
     conventions: tuple[tuple[str, Any], ...] = ()
     max_world: int | None = None
     features: frozenset[str] = FEATURES
+    inexpressible: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, spec: str) -> Impl:
         """Imports ``MODULE:FACTORY`` and reads its declarations; errors name what is wrong."""
-        factory, conventions = load_declared("impl", spec)
+        factory, declared = load_declared("impl", spec)
         features = frozenset(getattr(factory, "muongate_features", FEATURES))
         unknown_features = features - FEATURES
         if unknown_features:
             raise ValueError(
                 f"--impl {spec}: unknown muongate_features {sorted(unknown_features)}; known: {sorted(FEATURES)}"
             )
-        return cls(spec, tuple(sorted(conventions.items())), getattr(factory, "muongate_max_world", None), features)
+        conventions = {k: stored_setting(k, v) for k, v in declared.items()}
+        return cls(
+            spec,
+            factory,
+            tuple(sorted(conventions.items())),
+            getattr(factory, "muongate_max_world", None),
+            features,
+            tuple(_inexpressible(conventions)),
+        )
 
-    def unsupported_conventions(self) -> list[str]:
-        return sorted(k for k, _ in self.conventions if k not in MUON_DEFAULTS)
+    def _check_expressible(self) -> None:
+        if self.inexpressible:
+            raise UnsupportedConvention(
+                f"{self.spec} declares conventions the reference cannot express: {'; '.join(self.inexpressible)}"
+            )
 
     def adapt(self, case: Case) -> Case:
         """The case narrowed to what this candidate declared it supports, on its conventions."""
-        if self.unsupported_conventions():
-            raise UnsupportedConvention(
-                f"{self.spec} declares conventions the reference cannot express: {self.unsupported_conventions()}"
-            )
+        self._check_expressible()
         params = [self._narrow(p) for p in case.params if p.use_muon or "adamw" in self.features]
         world = case.world_size if self.max_world is None else min(case.world_size, self.max_world)
-        settings = dict(case.settings)
-        for key, value in self.conventions:
-            settings[key] = str(value).removeprefix("torch.") if key == "ns_dtype" else value
         return replace(
             case,
             params=tuple(params),
-            candidate=self.spec,
+            candidate=self.factory,
             mode=None,
             world_size=world,
             mesh=(world,),
-            settings=tuple(settings.items()),
+            settings=tuple({**dict(case.settings), **dict(self.conventions)}.items()),
             checkpoint_after=case.checkpoint_after if "checkpoint" in self.features else None,
         )
 
     def adapt_training(self, spec: Any) -> Any:
         """A training spec (MoE scenario, transformer) run with this candidate on its conventions;
         ``UnsupportedConvention`` when it cannot take the model's world size or parameters."""
-        if self.unsupported_conventions():
-            raise UnsupportedConvention(
-                f"{self.spec} declares conventions the reference cannot express: {self.unsupported_conventions()}"
-            )
+        self._check_expressible()
         if self.max_world is not None and spec.world_size > self.max_world:
             raise UnsupportedConvention(
                 f"{self.spec} supports world sizes up to {self.max_world}; the model needs {spec.world_size}"
@@ -111,10 +118,8 @@ class Impl:
             missing |= {"experts"} - self.features
         if missing:
             raise UnsupportedConvention(f"{self.spec} does not declare {sorted(missing)}, which this model needs")
-        settings = dict(spec.settings)
-        for key, value in self.conventions:
-            settings[key] = getattr(torch, str(value).removeprefix("torch.")) if key == "ns_dtype" else value
-        return replace(spec, candidate=self.spec, settings=tuple(settings.items()))
+        settings = {**dict(spec.settings), **dict(self.conventions)}
+        return replace(spec, candidate=self.factory, settings=tuple(settings.items()))
 
     def _narrow(self, p: ParamSpec) -> ParamSpec:
         if len(p.shape) == 3 and "experts" not in self.features:

@@ -1,0 +1,22 @@
+"""Importing a plug-in named ``MODULE:NAME``, with errors that say what was asked for."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def load_object(spec: str) -> Any:
+    """``'package.module:attr'`` → the object."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{spec!r} is not of the form MODULE:NAME")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def load_declared(option: str, spec: str) -> tuple[Any, dict[str, Any]]:
+    """The callable ``spec`` names for ``--option``, and the ``muongate_conventions`` it declares."""
+    obj = load_object(spec)
+    if not callable(obj):
+        raise TypeError(f"--{option} {spec}: {obj!r} is not callable")
+    return obj, dict(getattr(obj, "muongate_conventions", {}))

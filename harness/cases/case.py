@@ -1,0 +1,145 @@
+"""What one example is: a ``Case`` for the optimizer gates, a ``KernelCase`` for the kernel gates.
+
+A case is a frozen, picklable record with a seed and never a tensor: every rank builds
+the same tensors from it (``harness.cases.tensors``). ``describe()`` names what differs
+from the defaults, e.g. ``w0[4, 4] float32 · world 2 · 1 step · weight_decay=0.1``, which
+is what a reader of a minimal failing case needs to see.
+
+A candidate travels in a case as the factory object itself (pickled by reference, so the
+rank imports its module), never as an import string; ``None`` is the built-in
+``distributed_impl.ShardedMuon``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from harness.candidates.kernel import Kernel
+
+DType = Literal["float32", "bfloat16"]
+GradKind = Literal["normal", "zero", "none", "every_other"]
+Mode = Literal["all_ranks", "owner_split"]
+KernelInput = Literal["gaussian", "spectrum", "zero", "rank_deficient", "huge", "tiny", "nan", "inf"]
+
+BUILT_IN = "distributed_impl:ShardedMuon"
+
+
+def candidate_name(candidate: Any) -> str:
+    """``module:name`` of a candidate factory (``None``: the built-in one)."""
+    if candidate is None:
+        return BUILT_IN
+    return f"{candidate.__module__}:{getattr(candidate, '__qualname__', type(candidate).__qualname__)}"
+
+
+def stored_setting(key: str, value: Any) -> Any:
+    """A setting as cases store it: ``ns_dtype`` by name (``"bfloat16"``), everything else as is."""
+    return str(value).removeprefix("torch.") if key == "ns_dtype" else value
+
+
+def optimizer_settings(settings: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """Stored settings as optimizer keywords: the one place ``ns_dtype`` becomes a ``torch.dtype``."""
+    import torch
+
+    out = dict(settings)
+    if "ns_dtype" in out:
+        out["ns_dtype"] = getattr(torch, stored_setting("ns_dtype", out["ns_dtype"]))
+    return out
+
+
+def _defaults() -> dict[str, Any]:
+    from reference import MUON_DEFAULTS
+
+    return {k: stored_setting(k, v) for k, v in MUON_DEFAULTS.items()}
+
+
+def brief_settings(settings: Iterable[tuple[str, Any]]) -> list[str]:
+    """``key=value`` for each setting that differs from ``reference.Muon``'s default."""
+    defaults = _defaults()
+    return [
+        f"{k}={stored_setting(k, v)!r}".replace("'", "") for k, v in settings if defaults.get(k) != stored_setting(k, v)
+    ]
+
+
+class ParamSpec(NamedTuple):
+    """One parameter of a case: its name, global shape, dtype, group and gradient pattern."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType = "float32"
+    use_muon: bool = True
+    grad: GradKind = "normal"
+    grad_scale: float = 1.0
+
+    def describe(self) -> str:
+        extras = [
+            "" if self.use_muon else "adamw",
+            "" if self.grad == "normal" else f"grad={self.grad}",
+            "" if self.grad_scale == 1.0 else f"grad_scale={self.grad_scale:g}",
+        ]
+        return " ".join([f"{self.name}{list(self.shape)} {self.dtype}", *(e for e in extras if e)])
+
+
+@dataclass(frozen=True)
+class Case:
+    """One optimizer example: parameters, settings, steps, world and layout, and a seed."""
+
+    params: tuple[ParamSpec, ...]
+    seed: int = 0
+    world_size: int = 1
+    mesh: tuple[int, ...] = (1,)
+    steps: int = 1
+    mode: Mode | None = "all_ranks"
+    settings: tuple[tuple[str, Any], ...] = ()
+    candidate: Any = None
+    checkpoint_after: int | None = None
+    kernel: str | None = None
+    label: str = field(default="", compare=False)
+
+    def settings_dict(self) -> dict[str, Any]:
+        """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""
+        return optimizer_settings(self.settings)
+
+    def with_world(self, world_size: int) -> Case:
+        return replace(self, world_size=world_size, mesh=(world_size,))
+
+    def describe(self) -> str:
+        """What differs from the defaults, most telling first; see the module docstring."""
+        parts = [", ".join(p.describe() for p in self.params), f"world {self.world_size}"]
+        if self.mesh != (self.world_size,):
+            parts.append(f"mesh {list(self.mesh)}")
+        parts.append(f"{self.steps} step{'s' if self.steps != 1 else ''}")
+        if self.mode not in (None, "all_ranks"):
+            parts.append(str(self.mode))
+        parts += brief_settings(self.settings)
+        if self.checkpoint_after is not None:
+            parts.append(f"checkpoint after step {self.checkpoint_after}")
+        if self.candidate is not None:
+            parts.append(f"candidate {candidate_name(self.candidate)}")
+        if self.kernel:
+            parts.append(f"kernel {self.kernel}")
+        if self.seed:
+            parts.append(f"seed {self.seed}")
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One input for a Newton–Schulz kernel: its kind, shape, dtype and seed."""
+
+    kernel: Kernel
+    shape: tuple[int, ...]
+    dtype: str = "bfloat16"
+    input: KernelInput = "gaussian"
+    steps: int = 5
+    seed: int = 0
+
+    def describe(self) -> str:
+        parts = [f"{self.input} {list(self.shape)} {self.dtype}", f"kernel {self.kernel.spec}"]
+        if self.steps != 5:
+            parts.append(f"{self.steps} steps")
+        if self.seed:
+            parts.append(f"seed {self.seed}")
+        return " · ".join(parts)

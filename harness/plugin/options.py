@@ -1,0 +1,97 @@
+"""The muongate options, and their checks: every value is checked in ``pytest_configure``,
+so a bad one is a one-line usage error that says the fix, before any rank starts."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+DEFAULT_REPORT_DIR = "gate-report"
+PROFILE_VARIABLE = "MUONGATE_HYPOTHESIS_PROFILE"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("muongate", "muongate: distributed optimizer equivalence gates")
+    group.addoption(
+        "--nproc",
+        type=int,
+        default=None,
+        help="number of rank processes in the pool (default: 2). Cases draw world sizes from 1 to this.",
+    )
+    group.addoption(
+        "--gate-device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where ranks run: cpu (gloo), cuda (NCCL, one GPU per rank), or auto: cuda when "
+        "at least --nproc GPUs are visible, else cpu (default: auto).",
+    )
+    group.addoption(
+        "--case-timeout",
+        type=float,
+        default=120.0,
+        help="wall-clock seconds one distributed case may take before its ranks are dumped and killed (default: 120).",
+    )
+    group.addoption(
+        "--impl",
+        metavar="MODULE:FACTORY",
+        default=None,
+        help="put this optimizer factory in place of distributed_impl.ShardedMuon in every optimizer gate "
+        "(the contract is in harness/candidates/impl.py and the README).",
+    )
+    group.addoption(
+        "--kernel",
+        metavar="MODULE:FN",
+        default=None,
+        help="a Newton-Schulz kernel FN(matrix, steps) -> matrix: every optimizer gate runs it on both sides, "
+        "and the kernel gates measure it against the reference (contract: harness/candidates/kernel.py, README).",
+    )
+    group.addoption(
+        "--gate-baseline",
+        metavar="FILE",
+        default=None,
+        help="a figures.json from an earlier run: the session fails if a gate that was bitwise no longer is, "
+        "or its worst error or singular-value band got worse beyond the stated margins.",
+    )
+    group.addoption(
+        "--gate-report",
+        default=DEFAULT_REPORT_DIR,
+        metavar="DIR",
+        help=f"directory for results.jsonl, equivalence.html and equivalence.md (default: {DEFAULT_REPORT_DIR}).",
+    )
+
+
+def check_options(config: pytest.Config) -> None:
+    """Raises ``pytest.UsageError`` for the first option value that cannot work."""
+    nproc = config.getoption("nproc")
+    if nproc is not None and nproc < 1:
+        raise pytest.UsageError(f"--nproc {nproc}: the pool needs at least one rank; try --nproc 2")
+    timeout = config.getoption("case_timeout")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise pytest.UsageError(
+            f"--case-timeout {timeout:g}: a case needs a positive, finite number of seconds; try --case-timeout 120"
+        )
+    report = Path(config.getoption("gate_report"))
+    if report.exists() and not report.is_dir():
+        raise pytest.UsageError(
+            f"--gate-report {report}: that is a file; name a directory, e.g. --gate-report gate-report"
+        )
+    _check_profile(config)
+
+
+def _check_profile(config: pytest.Config) -> None:
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
+    for name, where in (
+        (config.getoption("hypothesis_profile", None), "--hypothesis-profile"),
+        (os.environ.get(PROFILE_VARIABLE), PROFILE_VARIABLE),
+    ):
+        if name is None:
+            continue
+        try:
+            settings.get_profile(name)
+        except InvalidArgument:
+            raise pytest.UsageError(f"{where} {name}: no such hypothesis profile; try ci, dev or thorough") from None

@@ -1,0 +1,95 @@
+"""What every rank task shares: meshes over the pool's groups, the candidate's factory, param
+groups, and comparing a sharded result with the full reference through DTensor itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from harness.compare import BITWISE, Tier, compare
+from harness.ranks import RankContext
+from reports.records import Comparison
+
+STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
+
+Factory = Callable[..., torch.optim.Optimizer]
+
+
+def factory_of(candidate: Any) -> Factory:
+    """The case's candidate factory; ``None`` is the built-in ``ShardedMuon``."""
+    if candidate is None:
+        from distributed_impl import ShardedMuon
+
+        return ShardedMuon
+    return candidate  # type: ignore[no-any-return]
+
+
+def mesh_for(ctx: RankContext, mesh: tuple[int, ...]) -> DeviceMesh:
+    """A mesh over the pool's groups made for it at start-up (no group is made here)."""
+    device_type = torch.device(ctx.device).type
+    if len(mesh) == 1:
+        return DeviceMesh.from_group(ctx.group, device_type, mesh_dim_names=("shard",))
+    shape = (mesh[0], mesh[-1])
+    if len(mesh) != 2 or shape not in ctx.hsdp_groups:
+        raise ValueError(f"no HSDP groups for mesh {mesh}: 2-D meshes are (2, w // 2) for even w >= 4")
+    layout = torch.arange(ctx.world_size).view(*shape)
+    return DeviceMesh.from_group(
+        list(ctx.hsdp_groups[shape]), device_type, mesh=layout, mesh_dim_names=("replicate", "shard")
+    )
+
+
+def param_groups(named: Iterable[tuple[str, Tensor, bool]]) -> list[dict[str, Any]]:
+    """``(name, parameter, use_muon)`` triples as a Muon group and an AdamW group (empty ones left out)."""
+    muon: list[tuple[str, Tensor]] = []
+    other: list[tuple[str, Tensor]] = []
+    for name, p, use_muon in named:
+        (muon if use_muon else other).append((name, p))
+    return [
+        {"params": [p for _, p in ps], "param_names": [n for n, _ in ps], "use_muon": use_muon}
+        for use_muon, ps in ((True, muon), (False, other))
+        if ps
+    ]
+
+
+def shard_like(full: Tensor, p: Tensor) -> Tensor:
+    """``full`` laid out as ``p`` is (DTensor's own scatter; no communication)."""
+    if isinstance(p, DTensor):
+        return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
+    return full
+
+
+def compare_shard(name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor, tier: Tier = BITWISE) -> Comparison:
+    """This rank's piece of ``cand`` against the same piece of the full reference tensor, laid
+    out by DTensor itself (no offsets computed here, no collective)."""
+    if isinstance(cand, DTensor):
+        expected = distribute_tensor(ref_full, cand.device_mesh, cand.placements, src_data_rank=None).to_local()
+        actual = cand.to_local()
+    else:
+        expected, actual = ref_full, cand
+    return compare(expected, actual.detach(), tensor=name, step=step, rank=rank, tier=tier)
+
+
+def compare_params_and_state(
+    pairs: Iterable[tuple[str, Tensor, Tensor]],
+    ref_opt: torch.optim.Optimizer,
+    opt: torch.optim.Optimizer,
+    *,
+    step: int,
+    rank: int,
+    tier: Tier = BITWISE,
+) -> list[Comparison]:
+    """For each ``(name, reference parameter, candidate parameter)``: the parameter, then every
+    optimizer state tensor both optimizers hold for it."""
+    out = []
+    for name, ref_p, p in pairs:
+        out.append(compare_shard(name, step, rank, ref_p.detach(), p.detach(), tier))
+        ref_state, state = ref_opt.state.get(ref_p, {}), opt.state.get(p, {})
+        for key in STATE_KEYS:
+            if key in ref_state and key in state:
+                out.append(compare_shard(f"{name}.{key}", step, rank, ref_state[key], state[key], tier))
+    return out

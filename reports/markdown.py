@@ -1,0 +1,56 @@
+"""The summary as Markdown: ``equivalence.md``, and a CI job's step summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from reports.summary import (
+    GATE_COLUMNS,
+    GATE_LEGEND,
+    SCENARIO_COLUMNS,
+    TRAINING_COLUMNS,
+    RunSummary,
+    gate_row,
+    scenario_row,
+    title,
+    training_row,
+)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: set[str]) -> list[str]:
+    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |"]
+    lines.append("|" + "|".join("---:" if c in right else "---" for c in columns) + "|")
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def to_markdown(summary: RunSummary) -> str:
+    lines = ["# muongate equivalence report", "", title(summary.header), ""]
+    numeric = set(GATE_COLUMNS) - {"gate", "tiers"}
+    lines += _table(GATE_COLUMNS, [gate_row(g) for g in summary.ordered_gates()], numeric)
+    lines += ["", f"_{GATE_LEGEND}_"]
+    for f in summary.failures:
+        lines += ["", f"**FAILED** `{f.gate}`", "", f"minimal case: `{f.case}`", "", "```", f.message[:2000], "```"]
+        if f.reproduce:
+            lines += ["", f"reproduce: `{f.reproduce}`"]
+    if summary.negative_controls:
+        rows = [
+            (c.gate.removeprefix("negative:"), "yes" if c.detected else "**NO**", f"`{c.case}`")
+            for c in summary.negative_controls
+        ]
+        lines += ["", "## Negative controls", "", *_table(("control", "caught", "minimal case"), rows, set())]
+    if summary.scenarios:
+        lines += ["", "## MoE empty-expert scenarios", ""]
+        lines += _table(SCENARIO_COLUMNS, [scenario_row(r) for r in summary.scenarios], {"seconds"})
+    if summary.training:
+        lines += ["", "## Training", ""]
+        lines += _table(
+            TRAINING_COLUMNS, [training_row(r) for r in summary.training], set(TRAINING_COLUMNS) - {"gate", "case"}
+        )
+    if summary.skips:
+        lines += ["", "## Skipped", ""] + [f"- `{s.gate}`: {s.reason}" for s in summary.skips]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,85 @@
+"""The summary as rich renderables, for the terminal (and a golden test on a plain console)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from reports.summary import (
+    GATE_COLUMNS,
+    GATE_LEGEND,
+    SCENARIO_COLUMNS,
+    TRAINING_COLUMNS,
+    RunSummary,
+    gate_row,
+    scenario_row,
+    title,
+    training_row,
+)
+
+_OUTCOME_STYLE = {"completed": "green", "error": "bold red"}
+
+
+def _table(heading: str, columns: tuple[str, ...], left: set[str], *, wide: str | None = None, width: int = 0) -> Table:
+    table = Table(title=heading, title_justify="left", box=box.SIMPLE_HEAD)
+    for col in columns:
+        if col == wide:  # names are shown whole: a cut name points at nothing
+            table.add_column(col, no_wrap=True, min_width=width)
+        elif col in left:
+            table.add_column(col, overflow="fold")
+        else:
+            table.add_column(col, justify="right", no_wrap=True)
+    return table
+
+
+def render(summary: RunSummary) -> Group:
+    gates = summary.ordered_gates()
+    longest = max((len(g.gate) for g in gates), default=4)
+    table = _table(title(summary.header), GATE_COLUMNS, {"tiers"}, wide="gate", width=longest)
+    table.caption, table.caption_justify = GATE_LEGEND, "left"
+    for g in gates:
+        cells = gate_row(g)
+        table.add_row(Text(cells[0], style="red" if g.failed_cases else "green"), *cells[1:])
+    parts: list[Any] = [table]
+    if summary.negative_controls:
+        controls = Table(
+            title="negative controls (known-wrong variants the gates must catch)",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+        )
+        controls.add_column("control", no_wrap=True)
+        controls.add_column("caught")
+        controls.add_column("minimal case", overflow="fold")
+        for c in summary.negative_controls:
+            caught = Text("yes", style="green") if c.detected else Text("NO", style="bold red")
+            controls.add_row(c.gate.removeprefix("negative:"), caught, c.case)
+        parts.append(controls)
+    if summary.scenarios:
+        table = _table(
+            "MoE empty-expert scenarios (what each run did)", SCENARIO_COLUMNS, set(SCENARIO_COLUMNS) - {"seconds"}
+        )
+        for r in summary.scenarios:
+            gate, name, outcome, seconds, detail = scenario_row(r)
+            table.add_row(gate, name, Text(outcome, style=_OUTCOME_STYLE.get(outcome, "yellow")), seconds, detail[:400])
+        parts.append(table)
+    if summary.training:
+        table = _table(
+            "training (FSDP2 + sharded Muon), bits per byte: first → last step", TRAINING_COLUMNS, {"gate", "case"}
+        )
+        for t in summary.training:
+            table.add_row(*training_row(t))
+        parts.append(table)
+    for f in summary.failures:
+        tried = summary.gates[f.gate].failed_cases
+        parts.append(Text(f"FAILED {f.gate} ({tried} failing case(s) while shrinking)", style="bold red"))
+        parts.append(Text(f"minimal case: {f.case}"))
+        parts.append(Text(f.message[:2000]))
+        if f.reproduce:
+            parts.append(Text(f"reproduce: {f.reproduce}"))
+    for skip in summary.skips:
+        parts.append(Text(f"SKIPPED {skip.gate}: {skip.reason}", style="yellow"))
+    return Group(*parts)
