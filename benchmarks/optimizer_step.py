@@ -293,6 +293,9 @@ def main() -> None:
         for name, (seconds, host_seconds, peak) in results.items():
             same = "" if name not in bitwise else ("yes" if bitwise[name] else "NO")
             print(f"{name:40} {seconds:14.4f} {seconds / base:7.3f} {host_seconds:12.4f} {peak:18.1f} {same:>8}")
+    # Both ranks tear gloo down together: a rank that destroys its group while its peer is still
+    # printing was seen once to abort ("terminate called without an active exception") under load.
+    dist.barrier()
     dist.destroy_process_group()
 
 

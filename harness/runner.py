@@ -10,6 +10,7 @@ a traceback through the harness would say nothing about the candidate.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, NoReturn, TypeVar
@@ -22,7 +23,7 @@ from hypothesis.errors import NoSuchExample
 from harness.candidates import Impl, Kernel, UnsupportedConvention
 from harness.cases import Case
 from harness.outcomes import HANG_DEADLINE_S, Classified, classify
-from harness.ranks import CaseOutcome, LauncherGroup, RankContext, RankPool
+from harness.ranks import CaseOutcome, LauncherGroup, RankContext, RankFailure, RankPool
 from harness.tasks.kernel import run_kernel_case
 from harness.tasks.optimizer import run_backward_case, run_optimizer_case, run_orthogonalize_case, run_spectrum_case
 from harness.tasks.result import TaskResult
@@ -44,6 +45,25 @@ from reports.stream import ResultStream
 T = TypeVar("T")
 
 
+class AlreadyShrunk(BaseException):
+    """A crash that another gate of this session has already shrunk. It ends the running test
+    at once, failed, instead of shrinking the same crash again (every attempt costs a fresh
+    pool). A ``BaseException`` so that hypothesis lets it through rather than shrinking it."""
+
+
+def _signature(failure: RankFailure) -> str:
+    """What makes two crashes the same for shrinking: any hang of the session's candidate (where
+    its peers wait depends on the case); an abort's reason, numbers left out; an exception's
+    type and the frame that raised it."""
+    headline = failure.headline()
+    if failure.status == "hang":
+        return "hang"
+    if failure.kind == "error":
+        exception = headline.split(": ", 2)[1] if headline.count(": ") >= 2 else headline
+        return f"error: {exception.split(':', 1)[0]}{headline[headline.rfind(' at ') :] if ' at ' in headline else ''}"
+    return re.sub(r"\d+", "N", headline)
+
+
 def fail(text: str) -> NoReturn:
     """Fails the running test with ``text`` alone (no traceback through the harness)."""
     __tracebackhide__ = True
@@ -62,7 +82,7 @@ class Ran:
     @property
     def status(self) -> Status:
         if self.outcome.failure is not None:
-            return self.outcome.failure.kind
+            return self.outcome.failure.status
         return "passed" if self.message is None else "failed"
 
     @property
@@ -96,6 +116,9 @@ class GateRunner:
     _cases: int = 0
     #: per test (node id): the gates it ran and their cases, failures, comparisons and bitwise count
     figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: crash signature → (gate, minimal case, node id) of the test that shrank it
+    shrunk: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    _last_crash: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
     TASKS: ClassVar[dict[str, Callable[[RankContext, Any], TaskResult]]] = {
         "optimizer": run_optimizer_case,
@@ -174,10 +197,30 @@ class GateRunner:
         ran = self.run(case, task=task)
         message = ran.message
         described = ran.case.describe()
+        failure = ran.outcome.failure
+        if failure is not None:
+            signature = _signature(failure)
+            self._last_crash[self.nodeid] = (signature, gate, described)
+            earlier = self.shrunk.get(signature)
+            if earlier is not None and earlier[2] != self.nodeid:
+                message = (
+                    f"{message}\nnot shrunk again: gate {earlier[0]} already showed the same {failure.status} "
+                    f"on: {earlier[1]}"
+                )
+                self._record(gate, described, ran.status, message, ran.outcome.seconds, comparisons=ran.comparisons)
+                raise AlreadyShrunk(self._failure(gate, message, described))
         self._record(gate, described, ran.status, message or "", ran.outcome.seconds, comparisons=ran.comparisons)
         if message is not None:
             fail(self._failure(gate, message, described))
         return ran
+
+    def finished(self, nodeid: str, failed: bool) -> None:
+        """A test ended: the crash its minimal case showed (hypothesis replays that one last)
+        counts as shrunk for the rest of the session."""
+        crash = self._last_crash.pop(nodeid, None)
+        if failed and crash is not None:
+            signature, gate, described = crash
+            self.shrunk.setdefault(signature, (gate, described, nodeid))
 
     def measured(self, gate: str, case: Any, *, task: str) -> Ran:
         """Runs a case whose verdict the gate reaches itself (see ``judge``); a rank that

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any
 
 from reports.html import page
@@ -27,11 +27,17 @@ def write_files(summary: RunSummary, directory: str | os.PathLike[str]) -> None:
 
 def figures(summary: RunSummary) -> dict[str, Any]:
     """Per-gate figures as plain JSON: what ``--gate-baseline`` and ``compare`` read back."""
-    gates = {
-        name: {**asdict(g), "tiers": sorted(g.tiers), "histogram": dict(g.histogram)}
-        for name, g in summary.gates.items()
-    }
+    # Not dataclasses.asdict: it rebuilds a Counter from its items, counting the pairs.
+    gates = {name: {f.name: _plain(getattr(g, f.name)) for f in fields(g)} for name, g in summary.gates.items()}
     return {"header": summary.header.to_json(), "gates": gates}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, set):
+        return sorted(value)
+    if isinstance(value, Counter):
+        return dict(value)
+    return value
 
 
 def from_figures(data: dict[str, Any]) -> RunSummary:
@@ -40,6 +46,10 @@ def from_figures(data: dict[str, Any]) -> RunSummary:
     gates = {}
     for name, g in data["gates"].items():
         values = {k: v for k, v in g.items() if k in known}
-        values.update(tiers=set(g.get("tiers", ())), histogram=Counter(g.get("histogram", {})))
+        values.update(
+            tiers=set(g.get("tiers", ())),
+            histogram=Counter(g.get("histogram", {})),
+            statuses=Counter(g.get("statuses", {})),
+        )
         gates[name] = GateSummary(**values)
     return RunSummary(Header.from_json(data.get("header", {})), gates)

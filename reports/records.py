@@ -32,9 +32,11 @@ from typing import Any, ClassVar, Literal, TypeVar
 SCHEMA = 2
 
 TierKind = Literal["bitwise", "tolerance", "oracle", "edge"]
-#: How a case ended. ``failed``: it ran and some comparison did not pass; ``error``,
-#: ``hang``, ``died``: a rank raised, did not finish in time, or was killed.
-Status = Literal["passed", "failed", "error", "hang", "died"]
+#: How a case ended. ``failed``: it ran and some comparison did not pass (or the gate's own
+#: verdict failed); ``hang``: ranks sat in collectives that could not complete;
+#: ``collective mismatch``: ranks disagreed about a collective and were caught at it;
+#: ``abort``: a rank was killed by a signal; ``error``: a rank raised.
+Status = Literal["passed", "failed", "hang", "collective mismatch", "abort", "error"]
 
 R = TypeVar("R", bound="Record")
 
@@ -326,10 +328,12 @@ def _v1_status(data: Mapping[str, Any]) -> Status:
     if data.get("passed"):
         return "passed"
     message = str(data.get("message", ""))
-    for status in ("hang", "died", "error"):
-        if f" {status}" in message.split(":", 1)[0]:
-            return status  # type: ignore[return-value]
-    return "failed"
+    head = message.split(":", 1)[0]
+    if " died" in head:
+        return "abort"
+    if " hang" in head:
+        return "hang"
+    return "error" if " error" in head else "failed"
 
 
 def dumps(record: Record) -> str:

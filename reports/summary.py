@@ -58,6 +58,8 @@ class GateSummary:
     sv_max: float | None = None
     worst_orthogonality: float | None = None
     histogram: Counter[str] = field(default_factory=Counter)
+    #: the failing cases by what they were: failed, hang, collective mismatch, abort, error
+    statuses: Counter[str] = field(default_factory=Counter)
 
     def add(self, case: CaseResult) -> None:
         self.cases += 1
@@ -65,6 +67,8 @@ class GateSummary:
         if case.tier:
             self.tiers.add(case.tier)
         self.failed_cases += not case.passed
+        if not case.passed:
+            self.statuses[case.status] += 1
         f = case.figures
         if "sv_min" in f:
             self.sv_min = f["sv_min"] if self.sv_min is None else min(self.sv_min, f["sv_min"])
@@ -165,7 +169,8 @@ GATE_COLUMNS = (
 )
 #: What the gate table's columns mean, under it wherever it is shown.
 GATE_LEGEND = (
-    "compared: comparisons (a tensor of one step on one rank); bitwise: of them, the same bits; in tier: passed "
+    "failed: failing cases, by what they were (failed: compared and differed; hang; collective mismatch; "
+    "abort; error); compared: comparisons (a tensor of one step on one rank); bitwise: of them, the same bits; in tier: passed "
     "a tolerance tier without being bitwise; max|diff|, max ULP, rel. Frob.: the gate's worst comparison "
     "(– where the gate compared nothing, e.g. where it judges only finiteness)"
 )
@@ -176,7 +181,7 @@ def gate_row(g: GateSummary) -> tuple[str, ...]:
         g.gate,
         ",".join(sorted(g.tiers)) or "–",
         str(g.cases),
-        str(g.failed_cases),
+        ", ".join(f"{n} {status}" for status, n in g.statuses.most_common()) if g.statuses else str(g.failed_cases),
         str(g.comparisons),
         str(g.bitwise),
         str(g.tolerance_passes),

@@ -25,12 +25,12 @@ _OUTCOME_STYLE = {"completed": "green", "error": "bold red"}
 
 
 def _table(heading: str, columns: tuple[str, ...], left: set[str], *, wide: str | None = None, width: int = 0) -> Table:
-    table = Table(title=heading, title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=heading, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in columns:
         if col == wide:  # names are shown whole: a cut name points at nothing
             table.add_column(col, no_wrap=True, min_width=width)
         elif col in left:
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", no_wrap=col == "tiers")
         else:
             table.add_column(col, justify="right", no_wrap=True)
     return table

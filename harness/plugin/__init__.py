@@ -250,6 +250,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             item.user_properties += [(f"{gate}.{key}", value) for key, value in figures.items()]
     report = yield
     failure = call.excinfo.value if call.excinfo is not None else None
+    if call.when == "call" and runner is not None:
+        runner.finished(item.nodeid, report.failed)
+    if runner is not None and report.failed and _is_already_shrunk(failure):
+        report.longrepr = str(failure)
     if report.failed and isinstance(failure, pytest.fail.Exception) and not failure.pytrace:
         # A verdict is shown without a traceback; what hypothesis adds to it (the falsifying
         # example, the @reproduce_failure blob) still belongs under it.
@@ -261,6 +265,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.config.stash.setdefault(_SKIPS, []).append((item.nodeid, reason.removeprefix("Skipped: ")))
         _flush_skips(item.config)
     return report
+
+
+def _is_already_shrunk(failure: BaseException | None) -> bool:
+    from harness.runner import AlreadyShrunk
+
+    return isinstance(failure, AlreadyShrunk)
 
 
 def _flush_skips(config: pytest.Config) -> None:

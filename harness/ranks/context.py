@@ -7,6 +7,7 @@ Shared by the pool (``harness.ranks.pool``) and the torchrun launcher
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,21 +55,66 @@ def make_groups(nproc: int) -> tuple[dict[int, Any], dict[tuple[int, int], tuple
     return worlds, hsdp
 
 
+#: What a failed case is called, from its ranks: stuck in a collective (``hang``); ranks that
+#: disagreed about a collective and were caught at it (``collective mismatch``: gloo's size
+#: check aborting a rank, or the ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` wrapper); a rank killed
+#: by a signal for another reason (``abort``); an exception (``error``).
+FailureStatus = Literal["hang", "collective mismatch", "abort", "error"]
+
+_MISMATCH = ("doesn't match expected size", "op.preamble.length <= op.nbytes", "Detected mismatch between collectives")
+_TIMEOUT = ("Timed out waiting", "Watchdog caught collective operation timeout")
+_HARNESS = ("/harness/", "/torch/", "/multiprocessing/", "<frozen")
+_TRACEBACK_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.MULTILINE)
+
+
 @dataclass(frozen=True)
 class RankFailure:
-    """Why a case did not complete: which rank, how, and what each rank was doing."""
+    """Why a case did not complete: which rank, how, and what each rank was doing.
+
+    ``collectives``: the collective each stuck rank waits in (``harness.ranks.stacks``)."""
 
     kind: FailureKind
     rank: int
     message: str
     exitcode: int | None = None
     stacks: Mapping[int, str] = field(default_factory=dict)
+    collectives: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def status(self) -> FailureStatus:
+        text = "\n".join([self.message, *self.stacks.values()])
+        if self.kind == "hang":
+            return "hang"
+        if any(m in text for m in _MISMATCH):
+            return "collective mismatch"
+        if self.kind == "died":
+            return "abort"
+        return "hang" if any(t in self.message for t in _TIMEOUT) else "error"
+
+    def headline(self) -> str:
+        """One line: what happened, and where (the candidate's own frame first, for an error)."""
+        if self.kind == "error":
+            lines = [ln for ln in self.message.strip().splitlines() if ln.strip()]
+            exception = lines[-1] if lines else "an exception"
+            frames = [m for m in _TRACEBACK_FRAME.finditer(self.message) if not any(h in m["file"] for h in _HARNESS)]
+            where = (
+                f" at {frames[-1]['file'].rsplit('/', 1)[-1]}:{frames[-1]['line']} in {frames[-1]['func']}"
+                if frames
+                else ""
+            )
+            return f"{self.status} on rank {self.rank}: {exception}{where}"
+        if self.kind == "died":
+            reason = next(
+                (ln.strip() for ln in self.message.splitlines() if any(m in ln for m in _MISMATCH)),
+                self.message.strip().splitlines()[-1] if self.message.strip() else "no output",
+            )
+            return f"{self.status}: rank {self.rank} was killed (exit code {self.exitcode}{_signal_name(self.exitcode or 0)}): {reason[:300]}"
+        return f"{self.status}: {self.message}"
 
     def describe(self) -> str:
-        head = f"rank {self.rank} {self.kind}"
-        if self.exitcode is not None:
-            head += f" (exit code {self.exitcode}{_signal_name(self.exitcode)})"
-        parts = [f"{head}: {self.message}"]
+        parts = [self.headline()]
+        if self.kind != "hang":
+            parts.append(f"--- rank {self.rank} ---\n{self.message.rstrip()}")
         for rank, text in sorted(self.stacks.items()):
             if text.strip():
                 parts.append(f"--- rank {rank} ---\n{text.rstrip()}")

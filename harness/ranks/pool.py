@@ -12,11 +12,24 @@ Rendezvous never uses a fixed port: the parent owns a ``TCPStore`` bound to port
 each spawn of the pool uses its own store prefix. Several pools (pytest-xdist workers)
 therefore run side by side without colliding.
 
-Nothing hangs forever: each case has a wall-clock deadline in the parent, process groups
-get a short timeout, and a rank that hangs is asked for its Python stack (``faulthandler``
-on ``SIGUSR1``) before it is killed. A rank killed by a signal (gloo aborts on a
-size-mismatched collective) is seen through its process sentinel, with its exit code and
-the tail of its log, which holds what the C++ side printed before it died.
+Workers are forked from a ``forkserver`` that has imported torch and the rank tasks once,
+so fresh ranks are ready in tens of milliseconds, not seconds: a candidate that crashes on
+many cases costs one respawn per case, and shrinking such a case takes hundreds of them.
+
+Nothing hangs forever, and a hang is called in seconds. While a case runs past
+``sample_after_s``, the parent reads the pending ranks' Python stacks (``faulthandler`` on
+``SIGUSR1``, which dumps even from inside C++). A rank whose innermost frame blocks in a
+``torch.distributed`` call is in a collective (``harness.ranks.stacks``). When every pending
+rank sits in a collective, with the same stack two samples in a row, at different call
+sites (they cannot meet), or at one call site for ``stall_s``, or for ``grace_s`` once some
+rank of the case has returned (its peers then wait for a rank that will never come), the
+case is a hang, naming each rank's collective. A rank that is
+merely slow (compiling, computing) is not in a collective and is never called a hang; the
+case's wall-clock deadline still bounds it, and the process groups' own timeout is set
+past that deadline, so the collective library never answers before the harness does. A
+rank killed by a signal (gloo aborts on a size-mismatched collective) is seen through its
+process sentinel, with its exit code and the tail of its log, which holds what the C++
+side printed before it died.
 """
 
 from __future__ import annotations
@@ -37,6 +50,19 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from harness.ranks.context import CaseOutcome, RankContext, RankFailure, make_groups
+from harness.ranks.stacks import Frame, collective, main_thread_frames
+
+#: What the forkserver imports once, so that every worker forked from it starts warm.
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "harness.ranks.pool",
+    "harness.tasks.optimizer",
+    "harness.tasks.training",
+    "harness.tasks.kernel",
+    "harness.tasks.selftest",
+    "harness.ranks.warmup",
+]
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,43 @@ class _WorkerSpec:
     pg_timeout_s: float
     env: Mapping[str, str]
     log_path: str
+
+
+#: Stacks are read ``sample_after_s`` into a case, then after gaps that double from that up
+#: to this, back to ``sample_after_s`` while every rank sits in a collective: a deadlock is
+#: seen within a few tenths of a second, a long healthy case (training) is read a few times
+#: a second at most.
+_MAX_SAMPLE_GAP_S = 0.5
+
+
+class _Stall:
+    """How long every pending rank has sat in a collective with the same stack.
+
+    Ranks waiting at different call sites cannot all be in one collective: two samples in a
+    row that show the same stacks are enough. Ranks at the same call site may be in one slow
+    collective: they must sit there ``stall_s``, or ``grace_s`` once a rank has returned."""
+
+    def __init__(self, stall_s: float, grace_s: float, confirm_s: float = 0.0) -> None:
+        self.stall_s, self.grace_s, self.confirm_s = stall_s, grace_s, confirm_s
+        self._since: float | None = None
+        self._frames: dict[int, list[Frame]] = {}
+
+    @property
+    def suspect(self) -> bool:
+        """Whether the last sample found every pending rank in a collective."""
+        return self._since is not None
+
+    def observe(self, dumps: dict[int, str], *, returned: bool) -> dict[int, str] | None:
+        """Each pending rank's collective once the case counts as stuck, else ``None``."""
+        frames = {r: main_thread_frames(text) for r, text in dumps.items()}
+        where = {r: c for r, f in frames.items() if (c := collective(f))}
+        now = time.monotonic()
+        if len(where) < len(dumps) or frames != self._frames:
+            self._since, self._frames = (now if len(where) == len(dumps) else None), frames
+            return None
+        assert self._since is not None
+        needed = self.grace_s if returned else 0.0 if len(set(where.values())) > 1 else self.stall_s
+        return where if now - self._since >= needed else None
 
 
 def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
@@ -134,8 +197,11 @@ class RankPool:
         backend: str = "gloo",
         devices: list[str] | None = None,
         case_timeout_s: float = 60.0,
-        pg_timeout_s: float = 10.0,
+        pg_timeout_s: float | None = None,
         startup_timeout_s: float = 120.0,
+        sample_after_s: float = 0.1,
+        stall_s: float | None = None,
+        grace_s: float = 0.3,
     ) -> None:
         if nproc < 1:
             raise ValueError(f"nproc={nproc} must be at least 1")
@@ -145,10 +211,16 @@ class RankPool:
         self.backend = backend
         self.devices = devices or ["cpu"] * nproc
         self.case_timeout_s = case_timeout_s
-        self.pg_timeout_s = pg_timeout_s
+        # Past any case's deadline: the harness, not the library, says what a stuck case is.
+        self.pg_timeout_s = pg_timeout_s if pg_timeout_s is not None else case_timeout_s + 30.0
         self.startup_timeout_s = startup_timeout_s
+        # More ranks than cores: a descheduled rank can keep a healthy collective waiting longer.
+        crowded = max(1.0, nproc / (os.cpu_count() or 1))
+        self.sample_after_s, self.grace_s = sample_after_s, grace_s
+        self.stall_s = stall_s if stall_s is not None else 1.0 * crowded
         self.spawns = 0
-        self._ctx = mp.get_context("spawn")
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload(_PRELOAD)
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._logs: list[str] = []
@@ -180,7 +252,9 @@ class RankPool:
                 backend=self.backend,
                 device=self.devices[rank],
                 pg_timeout_s=self.pg_timeout_s,
-                env=dict(self._env),
+                # Forked from the forkserver, a worker has the environment the server started
+                # with: give it this process's, as it is now, and the case's on top.
+                env={**os.environ, **self._env},
                 log_path=self._logs[rank],
             )
             proc = self._ctx.Process(
@@ -267,14 +341,32 @@ class RankPool:
         results: list[Any] = [None] * world
         pending = set(range(world))
         failure: RankFailure | None = None
+        # Under TORCH_DISTRIBUTED_DEBUG=DETAIL the library names a mismatch itself within a
+        # fraction of a second: give it a second before calling the ranks stuck.
+        detail = self._env.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
+        stall = _Stall(self.stall_s, self.grace_s, confirm_s=1.0 if detail else 0.0)
+        gap = self.sample_after_s
+        next_sample = time.monotonic() + gap
         while pending:
             by_handle: dict[Any, tuple[str, int]] = {}
             for r in pending:
                 by_handle[self._conns[r]] = ("conn", r)
                 by_handle[self._procs[r].sentinel] = ("proc", r)
-            ready = wait(list(by_handle), timeout=max(0.0, deadline - time.monotonic()))
+            now = time.monotonic()
+            ready = wait(list(by_handle), timeout=max(0.0, min(deadline, next_sample) - now))
             if not ready:
-                return results, self._hang(pending, offsets, failure)
+                if time.monotonic() >= deadline:
+                    return results, self._hang(pending, failure)
+                dumps = self._stacks(pending)
+                if failure is not None:  # a rank raised and its peers are stuck: say where, and stop
+                    return results, replace(failure, stacks={**failure.stacks, **dumps})
+                stuck = stall.observe(dumps, returned=len(pending) < world)
+                if stuck is not None:
+                    return results, self._stalled(pending, world, stuck, dumps)
+                # Every rank in a collective: look again soon; otherwise less and less often.
+                gap = self.sample_after_s if stall.suspect else min(2 * gap, _MAX_SAMPLE_GAP_S)
+                next_sample = time.monotonic() + gap
+                continue
             for handle in ready:
                 what, rank = by_handle[handle]
                 if rank not in pending:
@@ -289,33 +381,59 @@ class RankPool:
                         results[rank] = value
                     elif failure is None:
                         failure = RankFailure("error", rank, value)
-                        # Peers may be waiting in a collective the failed rank never
-                        # entered: give them a short grace, not the whole deadline.
-                        deadline = min(deadline, time.monotonic() + min(3.0, self.pg_timeout_s))
                     else:  # a peer's own error often says what the first one could not
                         failure = replace(failure, stacks={**failure.stacks, rank: value})
+                    # Peers may now wait in a collective this rank will never enter: look soon.
+                    next_sample = min(next_sample, time.monotonic() + self.grace_s)
                 else:
                     self._procs[rank].join(timeout=1)
                     pending.discard(rank)
-                    stacks = {r: self._dump_stack(r, offsets[r]) for r in sorted(pending)}
+                    stacks = self._stacks(pending)
                     tail = self._log_tail(rank, offsets[rank]) or "no output"
                     return results, RankFailure("died", rank, tail, self._procs[rank].exitcode, stacks)
         return results, failure
 
-    def _hang(self, pending: set[int], offsets: list[int], earlier: RankFailure | None) -> RankFailure:
-        stacks = {r: self._dump_stack(r, offsets[r]) for r in sorted(pending)}
+    def _stalled(self, pending: set[int], world: int, where: dict[int, str], dumps: dict[int, str]) -> RankFailure:
+        waiting = "; ".join(f"rank {r} waits in {where[r]}" for r in sorted(where))
+        done = sorted(set(range(world)) - pending)
+        if done:
+            why = f"{waiting}, while rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} finished the case"
+        elif len(set(where.values())) > 1:
+            why = f"{waiting}: no rank can complete its collective"
+        else:
+            why = f"{waiting}, without progress for {self.stall_s:g} s"
+        return RankFailure("hang", min(pending), why, stacks=dumps, collectives=where)
+
+    def _hang(self, pending: set[int], earlier: RankFailure | None) -> RankFailure:
+        stacks = self._stacks(pending)
         if earlier is not None:
             return replace(earlier, stacks={**earlier.stacks, **stacks})
         rank = min(pending)
-        return RankFailure("hang", rank, f"ranks {sorted(pending)} did not finish before the deadline", stacks=stacks)
+        where = {r: c for r, text in stacks.items() if (c := collective(main_thread_frames(text)))}
+        why = f"ranks {sorted(pending)} did not finish before the deadline" + "".join(
+            f"; rank {r} waits in {c}" for r, c in sorted(where.items())
+        )
+        return RankFailure("hang", rank, why, stacks=stacks, collectives=where)
 
-    def _dump_stack(self, rank: int, offset: int) -> str:
-        proc = self._procs[rank]
-        if proc.is_alive() and proc.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGUSR1)
-            time.sleep(0.3)
-        return self._log_tail(rank, offset)
+    def _stacks(self, ranks: set[int]) -> dict[int, str]:
+        """Each live rank's Python stacks, dumped now (its last dump where it does not answer)."""
+        before = {r: self._log_size(r) for r in ranks}
+        asked = set()
+        for r in ranks:
+            proc = self._procs[r]
+            if proc.is_alive() and proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+                    asked.add(r)
+        dumps: dict[int, str] = {}
+        give_up = time.monotonic() + 0.2
+        while asked - set(dumps) and time.monotonic() < give_up:
+            time.sleep(0.01)
+            for r in asked - set(dumps):
+                text = self._log_tail(r, before[r])
+                if main_thread_frames(text):
+                    dumps[r] = text
+        return {r: dumps.get(r, self._log_tail(r, before[r])) for r in sorted(ranks)}
 
     # -- logs ---------------------------------------------------------------------------
     def _log_size(self, rank: int) -> int:

@@ -1,0 +1,74 @@
+"""How long the gates take on candidates that crash, and what they call each failure.
+
+    python -m benchmarks.crashing_candidates [--repo DIR] [--limit 600] [-k optimizer_gates]
+
+Runs ``pytest -m gate --nproc 2 -k SELECT --impl …`` once per crashing example candidate
+(``examples/deadlock_muon.py``: ranks disagree about an all-reduce; ``examples/aborting_muon.py``:
+all-reduces of different sizes, which gloo aborts on), from a scratch directory that holds
+a copy of the candidate, against the muongate checkout ``--repo`` (default: this one; give
+an older checkout to measure before a change). Prints each run's wall-clock seconds, the
+pytest summary line, and how many failing cases the report calls a hang, a collective
+mismatch, an abort, an error or a plain failure. A run past ``--limit`` seconds is killed
+and reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from reports.records import CaseResult
+from reports.stream import read_stream
+
+HERE = Path(__file__).resolve().parents[1]
+CANDIDATES = ("deadlock_muon", "aborting_muon")
+
+
+def run(candidate: str, repo: Path, select: str, limit: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="muongate-crash-") as scratch:
+        shutil.copy(HERE / "examples" / f"{candidate}.py", Path(scratch) / f"{candidate}.py")
+        report = Path(scratch) / "report"
+        command = [
+            sys.executable, "-m", "pytest", str(repo / "gates"), "-m", "gate", "--nproc", "2", "-q",
+            "-p", "no:randomly", "-p", "no:cacheprovider", "--rootdir", str(repo), "-k", select,
+            "--impl", f"{candidate}:{candidate}", "--gate-report", str(report),
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([scratch, str(repo)]), "CI": "true"}
+        start = time.monotonic()
+        try:
+            done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=limit)
+            seconds, output = time.monotonic() - start, done.stdout
+        except subprocess.TimeoutExpired as e:
+            seconds = time.monotonic() - start
+            output = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "") + "\nkilled at --limit"
+        summary = re.findall(r"^=*\s*(\d+ (?:failed|passed).*?)\s*=*$", output, re.MULTILINE)
+        statuses: Counter[str] = Counter()
+        stream = report / "results.jsonl"
+        if stream.exists():
+            statuses.update(r.status for r in read_stream(stream) if isinstance(r, CaseResult) and not r.passed)
+        called = ", ".join(f"{n} {status}" for status, n in statuses.most_common()) or "none"
+        print(f"{candidate:15} {seconds:8.1f} s  {summary[-1] if summary else output.strip().splitlines()[-1]}")
+        print(f"{'':15} failing cases: {called}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repo", type=Path, default=HERE, help="the muongate checkout to run (default: this one)")
+    parser.add_argument("--limit", type=float, default=600.0, help="seconds before a run is killed (default 600)")
+    parser.add_argument("-k", dest="select", default="optimizer_gates", help="pytest -k expression")
+    args = parser.parse_args()
+    print(f"gates of {args.repo} (-k {args.select}), 2 ranks, one run per candidate")
+    for candidate in CANDIDATES:
+        run(candidate, args.repo.resolve(), args.select, args.limit)
+
+
+if __name__ == "__main__":
+    main()
