@@ -1,6 +1,6 @@
 """How long the gates take on candidates that crash, and what they call each failure.
 
-    python -m benchmarks.crashing_candidates [--repo DIR] [--limit 600] [-k optimizer_gates]
+    python -m benchmarks.crashing_candidates [--repo DIR] [--limit 600] [-k optimizer_gates] [--candidates …]
 
 Runs ``pytest -m gate --nproc 2 -k SELECT --impl …`` once per crashing example candidate
 (``examples/deadlock_muon.py``: ranks disagree about an all-reduce; ``examples/aborting_muon.py``:
@@ -64,9 +64,10 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, default=HERE, help="the muongate checkout to run (default: this one)")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds before a run is killed (default 600)")
     parser.add_argument("-k", dest="select", default="optimizer_gates", help="pytest -k expression")
+    parser.add_argument("--candidates", nargs="+", choices=CANDIDATES, default=list(CANDIDATES))
     args = parser.parse_args()
     print(f"gates of {args.repo} (-k {args.select}), 2 ranks, one run per candidate")
-    for candidate in CANDIDATES:
+    for candidate in args.candidates:
         run(candidate, args.repo.resolve(), args.select, args.limit)
 
 
