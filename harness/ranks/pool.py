@@ -12,9 +12,11 @@ Rendezvous never uses a fixed port: the parent owns a ``TCPStore`` bound to port
 each spawn of the pool uses its own store prefix. Several pools (pytest-xdist workers)
 therefore run side by side without colliding.
 
-Workers are forked from a ``forkserver`` that has imported torch and the rank tasks once,
-so fresh ranks are ready in tens of milliseconds, not seconds: a candidate that crashes on
-many cases costs one respawn per case, and shrinking such a case takes hundreds of them.
+CPU (gloo) workers are forked from a ``forkserver`` that has imported torch and the rank
+tasks once, so fresh ranks are ready in tens of milliseconds, not seconds: a candidate that
+crashes on many cases costs one respawn per case, and shrinking such a case takes hundreds
+of them. CUDA workers are spawned: a process forked from one that has touched the CUDA
+driver cannot use CUDA.
 
 Nothing hangs forever, and a hang is called in seconds. While a case runs past
 ``sample_after_s``, the parent reads the pending ranks' Python stacks (``faulthandler`` on
@@ -219,8 +221,13 @@ class RankPool:
         self.sample_after_s, self.grace_s = sample_after_s, grace_s
         self.stall_s = stall_s if stall_s is not None else 1.0 * crowded
         self.spawns = 0
-        self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(_PRELOAD)
+        if self.devices[0].startswith("cuda"):
+            # A CUDA rank cannot be forked from a server that has touched the CUDA driver, and
+            # the preload does: CUDA ranks are spawned, each paying its own start-up.
+            self._ctx = mp.get_context("spawn")
+        else:
+            self._ctx = mp.get_context("forkserver")
+            self._ctx.set_forkserver_preload(_PRELOAD)
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._logs: list[str] = []

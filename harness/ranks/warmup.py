@@ -1,9 +1,11 @@
-"""Imported once by the pool's forkserver (``harness.ranks.pool``): warms what every rank's
+"""Imported once by the CPU pool's forkserver (``harness.ranks.pool``): warms what every rank's
 first case would otherwise pay for, so that every rank forked from the server starts warm.
 
 One FSDP2 forward, backward and ``ShardedMuon`` step on a one-rank gloo group held in memory,
 destroyed before any rank is forked: the rank inherits torch's lazily built dispatch, DTensor
-and FSDP2 caches, not a process group.
+and FSDP2 caches, not a process group. Everything here is pinned to the CPU: a mesh left to
+its default picks the accelerator, and a server that has initialized CUDA cannot fork a
+rank that uses it ("Cannot re-initialize CUDA in forked subprocess").
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from distributed_impl import ShardedMuon
 
 
 def warm() -> None:
+    # One thread: an OpenMP thread pool made here would be inherited, half dead, by every
+    # forked rank, whose first parallel region then never returns.
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
-        fully_shard(model)
+        fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
         opt = ShardedMuon([{"params": list(model.parameters()), "use_muon": True}])
         model(torch.ones(2, 4)).square().sum().backward()
         opt.step()
