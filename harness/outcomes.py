@@ -19,9 +19,10 @@ from reports.records import Comparison
 
 Outcome = Literal["hang", "abort", "collective mismatch", "silent corruption", "completed", "error"]
 
-#: A case that has not finished after this long is a hang. Longer than an MoE case needs on a
-#: fresh pool (CUDA and NCCL start-up included), shorter than the pool's process-group timeout
-#: (10 s), so the harness's deadline, not the collective library, is what detects it.
+#: The MoE reproductions' deadline: a case not finished after this long is a hang. Longer than
+#: an MoE case needs on a fresh pool (CUDA and NCCL start-up included). The pool calls most
+#: hangs long before, from the ranks' stacks; this is the backstop where a stack does not
+#: show the wait (NCCL's collectives are asynchronous).
 HANG_DEADLINE_S = 8.0
 
 _FINGERPRINT = re.compile(
