@@ -1,9 +1,10 @@
 """Claims about candidates that hang, abort, raise, are slow, or keep state of another dtype,
 end to end in a fresh pytest process: each failure is named for what it is (a hang with the
-collective each rank waits in, a collective mismatch, an error at the candidate's own frame),
-in seconds; a slow rank is not a hang; a state tensor of another dtype is a finding with
+collective each rank waits in, a collective mismatch, an error at the candidate's own frame);
+a slow rank is not a hang; a state tensor of another dtype is a finding with
 figures, and no rank is respawned for it; a crash another gate already shrank is not shrunk
-again. ``benchmarks/crashing_candidates.py`` measures whole runs on such candidates."""
+again. How long whole runs on such candidates take is measured by
+``benchmarks/crashing_candidates.py``, not here."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_error(gate_runner):
 """
 
 
-def test_each_crash_is_named_in_seconds_and_a_slow_rank_is_not_a_hang(
+def test_each_crash_is_named_for_what_it_is_and_a_slow_rank_is_not_a_hang(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -107,5 +108,3 @@ def test_each_crash_is_named_in_seconds_and_a_slow_rank_is_not_a_hang(
             "not shrunk again: gate first already showed the same hang on: w0[[]*",
         ]
     )
-    seconds = float(result.stdout.lines[-1].split(" in ")[-1].split("s")[0])
-    assert seconds < 120, f"the whole run took {seconds} s"
