@@ -221,6 +221,7 @@ class RankPool:
         self.sample_after_s, self.grace_s = sample_after_s, grace_s
         self.stall_s = stall_s if stall_s is not None else 1.0 * crowded
         self.spawns = 0
+        self._ctx: Any
         if self.devices[0].startswith("cuda"):
             # A CUDA rank cannot be forked from a server that has touched the CUDA driver, and
             # the preload does: CUDA ranks are spawned, each paying its own start-up.

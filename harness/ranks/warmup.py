@@ -10,6 +10,8 @@ rank that uses it ("Cannot re-initialize CUDA in forked subprocess").
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -26,7 +28,8 @@ def warm() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
-        fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+        world = cast(dist.ProcessGroup, dist.group.WORLD)
+        fully_shard(model, mesh=DeviceMesh.from_group(world, "cpu"))
         opt = ShardedMuon([{"params": list(model.parameters()), "use_muon": True}])
         model(torch.ones(2, 4)).square().sum().backward()
         opt.step()
