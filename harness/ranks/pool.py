@@ -20,8 +20,8 @@ driver cannot use CUDA.
 
 Nothing hangs forever, and a hang is called in seconds. While a case runs past
 ``sample_after_s``, the parent reads the pending ranks' Python stacks (``faulthandler`` on
-``SIGUSR1``, which dumps even from inside C++). A rank whose innermost frame blocks in a
-``torch.distributed`` call is in a collective (``harness.ranks.stacks``). When every pending
+``SIGUSR1``, which dumps even from inside C++). A rank whose innermost frames inside torch
+include a blocking ``torch.distributed`` call is in a collective (``harness.ranks.stacks``). When every pending
 rank sits in a collective, with the same stack two samples in a row, at different call
 sites (they cannot meet), or at one call site for ``stall_s``, or for ``grace_s`` once some
 rank of the case has returned (its peers then wait for a rank that will never come), the
@@ -122,7 +122,7 @@ class _Stall:
             self._since, self._frames = (now if len(where) == len(dumps) else None), frames
             return None
         assert self._since is not None
-        needed = self.grace_s if returned else 0.0 if len(set(where.values())) > 1 else self.stall_s
+        needed = self.grace_s if returned else self.confirm_s if len(set(where.values())) > 1 else self.stall_s
         return where if now - self._since >= needed else None
 
 
