@@ -10,7 +10,6 @@ a traceback through the harness would say nothing about the candidate.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, NoReturn, TypeVar
@@ -23,7 +22,7 @@ from hypothesis.errors import NoSuchExample
 from harness.candidates import Impl, Kernel, UnsupportedConvention
 from harness.cases import Case
 from harness.outcomes import HANG_DEADLINE_S, Classified, classify
-from harness.ranks import CaseOutcome, LauncherGroup, RankContext, RankFailure, RankPool
+from harness.ranks import CaseOutcome, LauncherGroup, RankContext, RankPool
 from harness.tasks.kernel import run_kernel_case
 from harness.tasks.optimizer import run_backward_case, run_optimizer_case, run_orthogonalize_case, run_spectrum_case
 from harness.tasks.result import TaskResult
@@ -41,6 +40,7 @@ from reports.records import (
     Training,
 )
 from reports.stream import ResultStream
+from reports.summary import GateSummary
 
 T = TypeVar("T")
 
@@ -49,19 +49,6 @@ class AlreadyShrunk(BaseException):
     """A crash that another gate of this session has already shrunk. It ends the running test
     at once, failed, instead of shrinking the same crash again (every attempt costs a fresh
     pool). A ``BaseException`` so that hypothesis lets it through rather than shrinking it."""
-
-
-def _signature(failure: RankFailure) -> str:
-    """What makes two crashes the same for shrinking: any hang of the session's candidate (where
-    its peers wait depends on the case); an abort's reason, numbers left out; an exception's
-    type and the frame that raised it."""
-    headline = failure.headline()
-    if failure.status == "hang":
-        return "hang"
-    if failure.kind == "error":
-        exception = headline.split(": ", 2)[1] if headline.count(": ") >= 2 else headline
-        return f"error: {exception.split(':', 1)[0]}{headline[headline.rfind(' at ') :] if ' at ' in headline else ''}"
-    return re.sub(r"\d+", "N", headline)
 
 
 def fail(text: str) -> NoReturn:
@@ -114,8 +101,8 @@ class GateRunner:
     impl: Impl | None = None
     kernel: Kernel | None = None
     _cases: int = 0
-    #: per test (node id): the gates it ran and their cases, failures, comparisons and bitwise count
-    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per test (node id): the figures of each gate it ran (``--junitxml`` carries them)
+    figures: dict[str, dict[str, GateSummary]] = field(default_factory=dict)
     #: crash signature → (gate, minimal case, node id) of the test that shrank it
     shrunk: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     _last_crash: dict[str, tuple[str, str, str]] = field(default_factory=dict)
@@ -142,26 +129,12 @@ class GateRunner:
     def _record(self, gate: str, described: str, status: Status, message: str, seconds: float, **kw: Any) -> None:
         self._cases += 1
         failed = status != "passed"
-        comparisons: tuple[Comparison, ...] = kw.get("comparisons", ())
-        self.write(
-            CaseResult(
-                self._cases,
-                gate,
-                described,
-                status,
-                message,
-                round(seconds, 4),
-                self.reproduce_command() if failed else "",
-                **kw,
-            )
-        )
-        tally = self.figures.setdefault(self.nodeid, {})
-        g = tally.setdefault(gate, {"cases": 0, "failed": 0, "comparisons": 0, "bitwise": 0, "worst_max_abs_diff": 0.0})
-        g["cases"] += 1
-        g["failed"] += failed
-        g["comparisons"] += len(comparisons)
-        g["bitwise"] += sum(c.bitwise for c in comparisons)
-        g["worst_max_abs_diff"] = max([g["worst_max_abs_diff"], *(c.max_abs_diff for c in comparisons)])
+        record = CaseResult(
+            self._cases, gate, described, status, message, round(seconds, 4),
+            self.reproduce_command() if failed else "", **kw,
+        )  # fmt: skip
+        self.write(record)
+        self.figures.setdefault(self.nodeid, {}).setdefault(gate, GateSummary(gate)).add(record)
         if self.on_case is not None:
             self.on_case(gate, not failed)
 
@@ -199,7 +172,7 @@ class GateRunner:
         described = ran.case.describe()
         failure = ran.outcome.failure
         if failure is not None:
-            signature = _signature(failure)
+            signature = failure.signature
             self._last_crash[self.nodeid] = (signature, gate, described)
             earlier = self.shrunk.get(signature)
             if earlier is not None and earlier[2] != self.nodeid:

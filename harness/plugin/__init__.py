@@ -246,7 +246,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     so the report shows what did not run."""
     runner = item.config.stash.get(_RUNNER, None)
     if call.when == "call" and runner is not None:
-        for gate, figures in runner.figures.get(item.nodeid, {}).items():
+        for gate, g in runner.figures.get(item.nodeid, {}).items():
+            figures = {
+                "cases": g.cases,
+                "failed": g.failed_cases,
+                "comparisons": g.comparisons,
+                "bitwise": g.bitwise,
+                "worst_max_abs_diff": g.worst_abs_diff or 0.0,
+            }
             item.user_properties += [(f"{gate}.{key}", value) for key, value in figures.items()]
     report = yield
     failure = call.excinfo.value if call.excinfo is not None else None

@@ -91,17 +91,34 @@ class RankFailure:
             return "abort"
         return "hang" if any(t in self.message for t in _TIMEOUT) else "error"
 
+    @property
+    def signature(self) -> str:
+        """What makes two crashes the same for shrinking: any hang (where the peers wait depends
+        on the case); an exception's type and the frame that raised it; otherwise the headline,
+        numbers left out."""
+        if self.status == "hang":
+            return "hang"
+        if self.kind == "error":
+            exception, where = self._raised()
+            return f"error: {exception.split(':', 1)[0]}{where}"
+        return re.sub(r"\d+", "N", self.headline())
+
+    def _raised(self) -> tuple[str, str]:
+        """An error's exception line, and `` at file:line in func`` of the innermost frame outside
+        the harness and torch (the candidate's own), or ``""``."""
+        lines = [ln for ln in self.message.strip().splitlines() if ln.strip()]
+        frames = [m for m in _TRACEBACK_FRAME.finditer(self.message) if not any(h in m["file"] for h in _HARNESS)]
+        where = (
+            f" at {frames[-1]['file'].rsplit('/', 1)[-1]}:{frames[-1]['line']} in {frames[-1]['func']}"
+            if frames
+            else ""
+        )
+        return (lines[-1] if lines else "an exception"), where
+
     def headline(self) -> str:
         """One line: what happened, and where (the candidate's own frame first, for an error)."""
         if self.kind == "error":
-            lines = [ln for ln in self.message.strip().splitlines() if ln.strip()]
-            exception = lines[-1] if lines else "an exception"
-            frames = [m for m in _TRACEBACK_FRAME.finditer(self.message) if not any(h in m["file"] for h in _HARNESS)]
-            where = (
-                f" at {frames[-1]['file'].rsplit('/', 1)[-1]}:{frames[-1]['line']} in {frames[-1]['func']}"
-                if frames
-                else ""
-            )
+            exception, where = self._raised()
             return f"{self.status} on rank {self.rank}: {exception}{where}"
         if self.kind == "died":
             reason = next(
