@@ -26,7 +26,7 @@ from harness.candidates import Kernel
 from harness.cases import Case, KernelCase, cases, matrix_shapes
 from harness.tasks.kernel import BAND_MARGIN, EDGE_INPUTS
 
-pytestmark = pytest.mark.gate
+pytestmark = [pytest.mark.gate, pytest.mark.judges("a Newton–Schulz kernel (--kernel)", "kernel")]
 
 NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
 EXAMPLE = "examples.polar_express_kernel:polar_express"

@@ -32,6 +32,11 @@ from harness.models.moe import MoECase, reduce_scatter_unused_available
 
 pytestmark = pytest.mark.gate
 
+#: the reproductions judge FSDP2 on muongate's model; the optimizer never runs before the failure
+judges_model = pytest.mark.judges(
+    "FSDP2's collectives on muongate's MoE model (the empty-expert reproductions)", "muongate: MoE model"
+)
+
 DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
 #: name → (naive scenario, expected outcome per backend, as measured)
@@ -97,6 +102,7 @@ def _backend(gate_runner: Any) -> str:
     return str(gate_runner.pool.backend)
 
 
+@judges_model
 @pytest.mark.parametrize("name", list(REPRODUCTIONS))
 def test_naive_moe_reproduces_failure_then_fixed_model_completes(gate_runner: Any, name: str) -> None:
     case, expected = REPRODUCTIONS[name]
@@ -115,6 +121,7 @@ def test_naive_moe_reproduces_failure_then_fixed_model_completes(gate_runner: An
     assert fixed.outcome == "completed", f"after the {verdict.outcome}, the fixed model: {fixed.detail}"
 
 
+@judges_model
 @pytest.mark.parametrize("name", ["hang", "abort"])
 def test_detail_rerun_names_each_ranks_mismatched_collective(gate_runner: Any, name: str) -> None:
     case, _ = REPRODUCTIONS[name]
@@ -124,6 +131,7 @@ def test_detail_rerun_names_each_ranks_mismatched_collective(gate_runner: Any, n
     assert all(c["op"] for c in verdict.collectives), verdict.detail
 
 
+@judges_model
 def test_detail_rerun_does_not_see_silent_corruption(gate_runner: Any) -> None:
     """Its collectives agree in operation and shape. (On NCCL the DETAIL wrapper then fails
     in the optimizer: it lacks the coalesced all-gather; that is recorded too.)"""
@@ -133,6 +141,7 @@ def test_detail_rerun_does_not_see_silent_corruption(gate_runner: Any) -> None:
     assert verdict.outcome != "completed", f"lost reproduction: {case.describe()}"
 
 
+@judges_model
 @pytest.mark.parametrize("name", list(ALTERNATIVES))
 def test_alternative_fix_verdict_is_recorded(gate_runner: Any, name: str) -> None:
     case, expected = ALTERNATIVES[name]
@@ -147,6 +156,7 @@ def test_alternative_fix_verdict_is_recorded(gate_runner: Any, name: str) -> Non
 @pytest.mark.parametrize("wrapping", ["per_expert", "layer", "stacked"])
 @pytest.mark.parametrize("pattern", list(EMPTY_PATTERNS))
 def test_fixed_moe_trains_like_single_process_reference_bitwise(gate_runner: Any, pattern: str, wrapping: str) -> None:
+    gate_runner.reference_only("moe:fixed")
     case = MoECase(f"fixed, {pattern}", wrapping, "fixed", EMPTY_PATTERNS[pattern], steps=3)  # type: ignore[arg-type]
     gate_runner.check("moe:fixed", case, task="training")
 
@@ -154,6 +164,7 @@ def test_fixed_moe_trains_like_single_process_reference_bitwise(gate_runner: Any
 @pytest.mark.parametrize("wrapping", ["per_expert", "layer", "stacked"])
 def test_naive_and_fixed_models_agree_bitwise_when_every_expert_has_tokens(gate_runner: Any, wrapping: str) -> None:
     """Both are compared with the same reference bit for bit, so they equal each other."""
+    gate_runner.reference_only("moe:busy")
     for variant in ("naive", "fixed"):
         case = MoECase(f"{variant}, every expert busy", wrapping, variant, (), steps=3)  # type: ignore[arg-type]
         gate_runner.check("moe:busy", case, task="training")
@@ -162,6 +173,7 @@ def test_naive_and_fixed_models_agree_bitwise_when_every_expert_has_tokens(gate_
 @pytest.mark.parametrize("wrapping", ["per_expert", "layer"])
 def test_fixed_moe_on_four_ranks_stays_within_the_reduction_order_tier(gate_runner: Any, wrapping: str) -> None:
     """Four ranks: FSDP2 sums four gradients in its own order, so the tier is a tolerance."""
+    gate_runner.reference_only("moe:fixed-4-ranks")
     if gate_runner.pool.nproc < 4:
         pytest.skip("needs --nproc 4")
     empty = ((1, 3), (2, 0), (3, 1), (3, 2))

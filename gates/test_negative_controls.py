@@ -19,7 +19,10 @@ from hypothesis import given, settings
 from gates.negative_controls import NEGATIVE_CONTROLS, PlantedMuon
 from harness.cases import Case, cases
 
-pytestmark = pytest.mark.gate
+pytestmark = [
+    pytest.mark.gate,
+    pytest.mark.judges("muongate's own gates, with planted bugs (negative controls)", "muongate: gates"),
+]
 
 NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
 CONTROL_CASES = cases(max_world=2, max_steps=3, max_params=2, adamw=False)

@@ -36,16 +36,19 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_training_matches_single_process_reference_at_every_step(gate_runner: Any, name: str) -> None:
+    gate_runner.reference_only("training")
     case = CASES[name]
     gate_runner.train("training", case if NPROC == 2 else _on(case, min(NPROC, 4)))
 
 
 def test_training_learns_held_out_bits_per_byte_fall(gate_runner: Any) -> None:
+    gate_runner.reference_only("training:learns")
     case = TransformerCase("learning check, dense MLP", steps=30)
     start, end = gate_runner.train("training:learns", case)["held_out_bits"]
     assert end < start - 1.0, f"held-out bits per byte went from {start:.3f} to {end:.3f}: the model did not learn"
 
 
+@pytest.mark.judges("the training gate, with a planted off-by-one shard boundary (negative control)", "muongate: gates")
 def test_training_gate_catches_off_by_one_shard_boundary(gate_runner: Any) -> None:
     planted = TransformerCase("planted off-by-one rows", steps=2, candidate=OffByOneRowsMuon)
     gate_runner.catch(

@@ -21,8 +21,10 @@ from hypothesis.errors import NoSuchExample
 
 from harness.candidates import Impl, Kernel, UnsupportedConvention
 from harness.cases import Case
+from harness.cases.case import candidate_name
 from harness.outcomes import HANG_DEADLINE_S, Classified, classify
 from harness.ranks import CaseOutcome, LauncherGroup, RankContext, RankPool
+from harness.reproduce import Rerun
 from harness.tasks.kernel import run_kernel_case
 from harness.tasks.optimizer import run_backward_case, run_optimizer_case, run_orthogonalize_case, run_spectrum_case
 from harness.tasks.result import TaskResult
@@ -51,10 +53,37 @@ class AlreadyShrunk(BaseException):
     pool). A ``BaseException`` so that hypothesis lets it through rather than shrinking it."""
 
 
-def fail(text: str) -> NoReturn:
-    """Fails the running test with ``text`` alone (no traceback through the harness)."""
+class Finding(pytest.fail.Exception):  # type: ignore[misc,name-defined]
+    """A failed gate, shown as its verdict alone (no traceback through the harness).
+
+    One subclass per kind of finding (``FINDINGS``): hypothesis tells failures apart by
+    their exception type, so a test that meets an arithmetic difference and a crash
+    reports both, each shrunk to its own minimal case, instead of only the first."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text, pytrace=False)
+
+
+#: the kind of finding → its exception type: a case that differs from what it was judged
+#: against (``reference.Muon``, or the candidate itself on one device) or a crash, by status
+FINDINGS: dict[str, type[Finding]] = {
+    kind: type(name, (Finding,), {"__doc__": f"A gate's finding: {kind}."})
+    for kind, name in (
+        ("differs from reference", "DiffersFromReference"),
+        ("differs from itself", "DiffersFromItself"),
+        ("failed", "VerdictFailed"),
+        ("hang", "Hang"),
+        ("collective mismatch", "CollectiveMismatch"),
+        ("abort", "Abort"),
+        ("error", "RankError"),
+    )
+}
+
+
+def fail(text: str, kind: str = "failed") -> NoReturn:
+    """Fails the running test with ``text`` alone, as a finding of ``kind`` (``FINDINGS``)."""
     __tracebackhide__ = True
-    pytest.fail(text, pytrace=False)
+    raise FINDINGS[kind](text)
 
 
 @dataclass(frozen=True)
@@ -67,24 +96,43 @@ class Ran:
     figures: Mapping[str, Any] = field(default_factory=dict)
 
     @property
+    def against(self) -> str:
+        """What the case is judged against: ``self`` (the candidate on one device) or ``reference``."""
+        return "self" if getattr(self.case, "self_reference", False) else "reference"
+
+    @property
+    def judged(self) -> tuple[Comparison, ...]:
+        """The comparisons the verdict rests on (the others are shown beside it)."""
+        return tuple(c for c in self.comparisons if c.against == self.against)
+
+    @property
     def status(self) -> Status:
         if self.outcome.failure is not None:
             return self.outcome.failure.status
         return "passed" if self.message is None else "failed"
 
     @property
+    def kind(self) -> str:
+        """The kind of finding (``FINDINGS``) this case is, if it failed."""
+        if self.outcome.failure is not None:
+            return self.outcome.failure.status
+        return f"differs from {'itself' if self.against == 'self' else 'reference'}"
+
+    @property
     def message(self) -> str | None:
         """``None`` when the case passed; otherwise what went wrong, worst comparison first."""
         if self.outcome.failure is not None:
             return self.outcome.failure.describe()
-        if not self.comparisons:
+        judged = self.judged
+        if not judged:
             return "the case compared nothing"
-        if all(c.all_zero or c.numel == 0 for c in self.comparisons):
+        if all(c.all_zero or c.numel == 0 for c in judged):
             return "every comparison was of all-zero or empty tensors: the case compares nothing"
-        bad = sorted((c for c in self.comparisons if not c.passed), key=lambda c: (-c.max_ulp, c.step, c.tensor))
+        bad = sorted((c for c in judged if not c.passed), key=lambda c: (-c.max_ulp, c.step, c.tensor))
         if not bad:
             return None
-        lines = [f"{len(bad)} of {len(self.comparisons)} comparisons failed; worst first:"]
+        what = "the candidate on one device" if self.against == "self" else "reference.Muon"
+        lines = [f"{len(bad)} of {len(judged)} comparisons with {what} failed; worst first:"]
         lines += [f"  {c.line()}" for c in bad[:8]]
         return "\n".join(lines)
 
@@ -100,6 +148,14 @@ class GateRunner:
     on_case: Callable[[str, bool], None] | None = None
     impl: Impl | None = None
     kernel: Kernel | None = None
+    #: what optimizer cases are judged against: ``reference`` (``reference.Muon``) or ``self``
+    against: str = "reference"
+    #: the running test's file
+    path: str = ""
+    #: the session's options a reproduce command repeats (the plug-in fills it in)
+    rerun: Rerun = field(default_factory=Rerun)
+    #: whose code the running test judges (``begin`` sets it from the test's ``judges`` mark)
+    subject: str = ""
     _cases: int = 0
     #: per test (node id): the figures of each gate it ran (``--junitxml`` carries them)
     figures: dict[str, dict[str, GateSummary]] = field(default_factory=dict)
@@ -126,12 +182,35 @@ class GateRunner:
     def skip(self, gate: str, reason: str) -> None:
         self.write(Skip(gate, reason))
 
-    def _record(self, gate: str, described: str, status: Status, message: str, seconds: float, **kw: Any) -> None:
+    def begin(self, nodeid: str, path: str = "", subject: str = "candidate") -> None:
+        """A test starts (``path``: its file): what it writes is filed under it, as a verdict
+        on ``subject`` (the candidate, which the header names, unless the test is marked ``judges``)."""
+        self.nodeid = nodeid
+        self.path = path
+        self.subject = subject
+
+    def reference_only(self, gate: str) -> None:
+        """Skips the running test under ``--against self``: it can only compare with ``reference.Muon``."""
+        if self.against == "self":
+            pytest.skip(f"{gate}: compares with reference.Muon only; --against self judges the optimizer gates")
+
+    def require(self, gate: str, features: set[str], why: str) -> None:
+        """Skips the running test when the candidate did not declare what its claim is about."""
+        missing = self.impl.missing(features) if self.impl else []
+        if missing:
+            assert self.impl is not None
+            shown = ", ".join("more than one rank" if m == "world" else m for m in missing)
+            pytest.skip(f"{gate}: not run: {why}, and {self.impl.spec} does not declare {shown}")
+
+    def _record(
+        self, gate: str, described: str, status: Status, message: str, seconds: float, *, case: Any = None, **kw: Any
+    ) -> None:
         self._cases += 1
         failed = status != "passed"
         record = CaseResult(
             self._cases, gate, described, status, message, round(seconds, 4),
-            self.reproduce_command() if failed else "", **kw,
+            self.reproduce_command() if failed else "", judged=self._judged(case),
+            narrowed=tuple(getattr(case, "narrowed", ())), **kw,
         )  # fmt: skip
         self.write(record)
         self.figures.setdefault(self.nodeid, {}).setdefault(gate, GateSummary(gate)).add(record)
@@ -150,8 +229,12 @@ class GateRunner:
         """Runs the case on its ranks and returns what happened; writes nothing.
 
         With ``--impl``, a case meant for the built-in candidate goes to the plug-in instead,
-        narrowed to what it declared it supports (the gate skips, saying why, where it cannot)."""
+        narrowed to what it declared it supports (the gate skips, saying why, where it
+        cannot). With ``--against self``, an optimizer case also runs the candidate on one
+        device and is judged against that."""
         case = self._resolve(case)
+        if self.against == "self" and task in ("optimizer", "backward") and isinstance(case, Case):
+            case = replace(case, self_reference=True)
         world = getattr(case, "world_size", 1)
         if world > self.pool.nproc:
             raise ValueError(f"{case.describe()} needs {world} ranks; the pool has --nproc {self.pool.nproc}")
@@ -164,9 +247,16 @@ class GateRunner:
         figures = outcome.results[0].figures if isinstance(outcome.results[0], TaskResult) else {}
         return Ran(case, outcome, comparisons, figures)
 
-    def check(self, gate: str, case: Any, *, task: str = "optimizer") -> Ran:
-        """Runs the case and writes it with its verdict; fails the test unless every comparison passed."""
+    def check(self, gate: str, case: Any, *, task: str = "optimizer", exact: bool = False) -> Ran:
+        """Runs the case and writes it with its verdict; fails the test unless every comparison passed.
+
+        ``exact``: a hand-picked case, whose point any narrowing for the candidate removes;
+        narrowed, it is skipped with the narrowing named instead of run."""
         __tracebackhide__ = True
+        if exact and self.impl is not None and isinstance(case, Case):
+            narrowed = [*self._resolve(case).narrowed, *self.impl.overridden(case)]
+            if narrowed:
+                pytest.skip(f"{gate}: not run: narrowed for {self.impl.spec}: {'; '.join(narrowed)}")
         ran = self.run(case, task=task)
         message = ran.message
         described = ran.case.describe()
@@ -180,11 +270,21 @@ class GateRunner:
                     f"{message}\nnot shrunk again: gate {earlier[0]} already showed the same {failure.status} "
                     f"on: {earlier[1]}"
                 )
-                self._record(gate, described, ran.status, message, ran.outcome.seconds, comparisons=ran.comparisons)
+                self._record(
+                    gate,
+                    described,
+                    ran.status,
+                    message,
+                    ran.outcome.seconds,
+                    case=ran.case,
+                    comparisons=ran.comparisons,
+                )
                 raise AlreadyShrunk(self._failure(gate, message, described))
-        self._record(gate, described, ran.status, message or "", ran.outcome.seconds, comparisons=ran.comparisons)
+        self._record(
+            gate, described, ran.status, message or "", ran.outcome.seconds, case=ran.case, comparisons=ran.comparisons
+        )
         if message is not None:
-            fail(self._failure(gate, message, described))
+            fail(self._failure(gate, message, described), ran.kind)
         return ran
 
     def finished(self, nodeid: str, failed: bool) -> None:
@@ -203,8 +303,8 @@ class GateRunner:
         failure = ran.outcome.failure
         if failure is not None:
             described = ran.case.describe()
-            self._record(gate, described, ran.status, failure.describe(), ran.outcome.seconds)
-            fail(self._failure(gate, failure.describe(), described))
+            self._record(gate, described, ran.status, failure.describe(), ran.outcome.seconds, case=ran.case)
+            fail(self._failure(gate, failure.describe(), described), ran.kind)
         return ran
 
     def judge(
@@ -339,15 +439,17 @@ class GateRunner:
 
     # -- helpers -------------------------------------------------------------------------
     def reproduce_command(self) -> str:
-        """The command that reruns the running test; hypothesis replays the failure from its
-        database (or from the ``@reproduce_failure`` blob it prints)."""
+        """The command that reruns the running test from any directory (``harness.reproduce``)."""
         if not self.nodeid:
             return ""
-        options = f" --impl {self.impl.spec}" if self.impl else ""
-        options += f" --kernel {self.kernel.spec}" if self.kernel else ""
-        if self.launcher:
-            return f"torchrun --nproc-per-node {self.pool.nproc} -m pytest '{self.nodeid}'{options}"
-        return f"pytest '{self.nodeid}' --nproc {self.pool.nproc}{options}"
+        return replace(
+            self.rerun,
+            nproc=self.pool.nproc,
+            launcher=self.launcher,
+            impl=self.impl.spec if self.impl else None,
+            kernel=self.kernel.spec if self.kernel else None,
+            against=self.against,
+        ).command(self.path, self.nodeid.partition("::")[2])
 
     def _failure(self, gate: str, message: str, described: str) -> str:
         command = self.reproduce_command()
@@ -361,6 +463,14 @@ class GateRunner:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # hypothesis's pretty printer asks for this
         printer.text(repr(self))
+
+    def _judged(self, case: Any) -> str:
+        """What a case judged: the test's subject, or the candidate the case itself carries
+        (a planted control) where that is not the session's."""
+        own = getattr(case, "candidate", None)
+        if own is None or (self.impl is not None and own is self.impl.factory):
+            return self.subject
+        return candidate_name(own)
 
     def _resolve(self, case: Any) -> Any:
         if self.kernel is not None and isinstance(case, Case) and case.kernel is None:

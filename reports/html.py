@@ -164,8 +164,10 @@ def _gate_section(summary: RunSummary, g: GateSummary) -> str:
     for f in summary.failures:
         if f.gate == g.gate:
             parts.append(
-                "<details open><summary>minimal failing case</summary>"
-                f"<p><code>{_e(f.case)}</code></p><pre>{_e(f.message[:4000])}</pre>"
+                f"<details open><summary>minimal failing case: {_e(f.finding)}</summary>"
+                f"<p><code>{_e(f.case)}</code></p>"
+                + (f"<p>narrowed for the candidate: {_e('; '.join(f.narrowed))}</p>" if f.narrowed else "")
+                + f"<pre>{_e(f.message[:4000])}</pre>"
                 + (f"<p>reproduce: <code>{_e(f.reproduce)}</code></p>" if f.reproduce else "")
                 + "</details>"
             )
@@ -206,7 +208,7 @@ def page(summary: RunSummary) -> str:
             "every gate, failing gates first",
             GATE_COLUMNS,
             [_gate_cells(g) for g in gates],
-            numeric=set(GATE_COLUMNS) - {"gate", "tiers"},
+            numeric=set(GATE_COLUMNS) - {"gate", "tiers", "judged"},
         ),
     ]
     if summary.negative_controls:

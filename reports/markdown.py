@@ -30,11 +30,14 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: set[str
 
 def to_markdown(summary: RunSummary) -> str:
     lines = ["# muongate equivalence report", "", title(summary.header), ""]
-    numeric = set(GATE_COLUMNS) - {"gate", "tiers"}
+    numeric = set(GATE_COLUMNS) - {"gate", "tiers", "judged"}
     lines += _table(GATE_COLUMNS, [gate_row(g) for g in summary.ordered_gates()], numeric)
     lines += ["", f"_{GATE_LEGEND}_"]
     for f in summary.failures:
-        lines += ["", f"**FAILED** `{f.gate}`", "", f"minimal case: `{f.case}`", "", "```", f.message[:2000], "```"]
+        lines += ["", f"**FAILED** `{f.gate}`: {f.finding}", "", f"minimal case: `{f.case}`"]
+        if f.narrowed:
+            lines += ["", f"narrowed for the candidate: {'; '.join(f.narrowed)}"]
+        lines += ["", "```", f.message[:2000], "```"]
         if f.reproduce:
             lines += ["", f"reproduce: `{f.reproduce}`"]
     if summary.negative_controls:

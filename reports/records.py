@@ -106,6 +106,8 @@ class Header(Record):
     hypothesis_seed: str | None = None
     impl: str = ""
     kernel: str | None = None
+    #: what the optimizer gates judged against: ``reference`` or ``self`` (``--against``)
+    against: str = "reference"
     time: str = ""
 
     def fields_json(self) -> dict[str, Any]:
@@ -135,6 +137,9 @@ class Comparison(Record):
     actual_at_worst: float | None = None
     all_zero: bool = False
     note: str = ""
+    #: what the candidate was compared with: ``reference`` (``reference.Muon``) or ``self``
+    #: (the same candidate on one device, ``--against self``)
+    against: str = "reference"
 
     @property
     def numel(self) -> int:
@@ -166,6 +171,8 @@ class CaseResult(Record):
     """One case of one gate, stored once, with its verdict and every comparison it made.
 
     ``case`` says what differs from the defaults (``harness.cases.Case.describe``);
+    ``status`` is the verdict of what the run judged against (``--against``); each
+    comparison says what it was made against, so both verdicts can be shown (``verdict``);
     ``figures`` holds what a gate measured besides comparisons (singular-value band,
     orthogonality error); ``tier`` names the tier of a verdict the gate reached itself."""
 
@@ -180,10 +187,30 @@ class CaseResult(Record):
     tier: str = ""
     figures: Mapping[str, float] = field(default_factory=dict)
     comparisons: tuple[Comparison, ...] = ()
+    #: whose code the case judged: the candidate (``module:name``), or a part of muongate
+    judged: str = ""
+    #: what was changed to fit the candidate's declarations (``Impl.adapt``)
+    narrowed: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
+
+    @property
+    def finding(self) -> str:
+        """What kind of failure this is: a crash's status, or which comparison differed."""
+        if self.status != "failed":
+            return self.status
+        if self.verdict("self") is False:
+            return "differs from itself"
+        if self.verdict("reference") is False:
+            return "differs from reference"
+        return "failed"
+
+    def verdict(self, against: str) -> bool | None:
+        """Whether every comparison with ``against`` passed; ``None`` where there was none."""
+        mine = [c.passed for c in self.comparisons if c.against == against]
+        return all(mine) if mine else None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CaseResult:

@@ -60,9 +60,24 @@ class GateSummary:
     histogram: Counter[str] = field(default_factory=Counter)
     #: the failing cases by what they were: failed, hang, collective mismatch, abort, error
     statuses: Counter[str] = field(default_factory=Counter)
+    #: whose code the gate judged (the candidate, a kernel, or a part of muongate)
+    judged: set[str] = field(default_factory=set)
+    #: cases changed to fit the candidate's declarations (``Impl.adapt``)
+    narrowed_cases: int = 0
+    #: against → [cases that compared with it, cases whose comparisons with it all passed]
+    verdicts: dict[str, list[int]] = field(default_factory=dict)
 
     def add(self, case: CaseResult) -> None:
         self.cases += 1
+        if case.judged:
+            self.judged.add(case.judged)
+        self.narrowed_cases += bool(case.narrowed)
+        for against in ("reference", "self"):
+            verdict = case.verdict(against)
+            if verdict is not None:
+                tally = self.verdicts.setdefault(against, [0, 0])
+                tally[0] += 1
+                tally[1] += verdict
         self.seconds += case.seconds
         if case.tier:
             self.tiers.add(case.tier)
@@ -116,14 +131,14 @@ def summarize(records: Iterable[Record]) -> RunSummary:
     minimal example last, so the last failing case of a gate is the one to show.
     """
     summary = RunSummary(Header(), {})
-    last_failure: dict[str, CaseResult] = {}
+    last_failure: dict[tuple[str, str], CaseResult] = {}
     for r in records:
         if isinstance(r, Header):
             summary.header = r
         elif isinstance(r, CaseResult):
             summary.gates.setdefault(r.gate, GateSummary(r.gate)).add(r)
-            if not r.passed:
-                last_failure[r.gate] = r
+            if not r.passed:  # one minimal case per kind of finding (hypothesis shrinks each)
+                last_failure[(r.gate, r.finding)] = r
         elif isinstance(r, NegativeControl):
             summary.negative_controls.append(r)
         elif isinstance(r, Skip):
@@ -134,7 +149,7 @@ def summarize(records: Iterable[Record]) -> RunSummary:
             summary.training = [t for t in summary.training if (t.gate, t.case) != (r.gate, r.case)] + [r]
         elif isinstance(r, Spectrum):
             summary.spectra.append(r)
-    summary.failures = sorted(last_failure.values(), key=lambda f: f.gate)
+    summary.failures = [last_failure[k] for k in sorted(last_failure)]
     return summary
 
 
@@ -156,38 +171,45 @@ SCENARIO_COLUMNS = ("gate", "scenario", "outcome", "seconds", "what showed it")
 TRAINING_COLUMNS = ("gate", "case", "steps", "train bits/byte", "held-out bits/byte")
 GATE_COLUMNS = (
     "gate",
+    "judged",
     "tiers",
     "cases",
     "failed",
-    "compared",
+    "equal to",
     "bitwise",
-    "in tier",
     "max|diff|",
     "max ULP",
-    "rel. Frob.",
-    "seconds",
+    "s",
 )
 #: What the gate table's columns mean, under it wherever it is shown.
 GATE_LEGEND = (
+    "judged: whose code the gate ran and judged (the candidate, a kernel, or muongate itself); cases: with how "
+    "many were narrowed to fit the candidate's declarations; equal to: cases whose every comparison with "
+    "reference.Muon (ref), and with the candidate itself on one device (self, --against self), was within its tier; "
     "failed: failing cases, by what they were (failed: compared and differed; hang; collective mismatch; "
-    "abort; error); compared: comparisons (a tensor of one step on one rank); bitwise: of them, the same bits; in tier: passed "
-    "a tolerance tier without being bitwise; max|diff|, max ULP, rel. Frob.: the gate's worst comparison "
-    "(– where the gate compared nothing, e.g. where it judges only finiteness)"
+    "abort; error); bitwise: comparisons (a tensor of one step on one rank) with the same bits, of all made, "
+    "and how many more passed a tolerance tier; max|diff|, max ULP: the gate's worst comparison "
+    "(– where the gate compared nothing, e.g. where it judges only finiteness); s: seconds"
 )
+
+
+def _verdicts(g: GateSummary) -> str:
+    shown = [f"{name} {g.verdicts[a][1]}/{g.verdicts[a][0]}" for a, name in (("reference", "ref"), ("self", "self"))
+             if a in g.verdicts]  # fmt: skip
+    return " ".join(shown) or "–"
 
 
 def gate_row(g: GateSummary) -> tuple[str, ...]:
     return (
         g.gate,
+        ", ".join(sorted(g.judged)) or "–",
         ",".join(sorted(g.tiers)) or "–",
-        str(g.cases),
+        f"{g.cases} ({g.narrowed_cases} narrowed)" if g.narrowed_cases else str(g.cases),
         ", ".join(f"{n} {status}" for status, n in g.statuses.most_common()) if g.statuses else str(g.failed_cases),
-        str(g.comparisons),
-        str(g.bitwise),
-        str(g.tolerance_passes),
+        _verdicts(g),
+        f"{g.bitwise}/{g.comparisons}" + (f" +{g.tolerance_passes} in tier" if g.tolerance_passes else ""),
         fmt(g.worst_abs_diff),
         fmt(g.worst_ulp),
-        fmt(g.worst_rel_fro),
         f"{g.seconds:.1f}",
     )
 
@@ -207,4 +229,5 @@ def title(h: Header) -> str:
         f"muongate {h.git_commit}: torch {h.torch or '?'}, {h.backend or '?'} on {h.device or '?'}, nproc "
         f"{h.nproc or '?'}, hypothesis profile {h.hypothesis_profile or '?'}, candidate {h.impl or '?'}"
         + (f", kernel {h.kernel}" if h.kernel else "")
+        + (", judged against itself on one device" if h.against == "self" else "")
     )

@@ -25,12 +25,12 @@ _OUTCOME_STYLE = {"completed": "green", "error": "bold red"}
 
 
 def _table(heading: str, columns: tuple[str, ...], left: set[str], *, wide: str | None = None, width: int = 0) -> Table:
-    table = Table(title=heading, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=heading, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col in columns:
         if col == wide:  # names are shown whole: a cut name points at nothing
             table.add_column(col, no_wrap=True, min_width=width)
         elif col in left:
-            table.add_column(col, overflow="fold", no_wrap=col == "tiers")
+            table.add_column(col, no_wrap=True)
         else:
             table.add_column(col, justify="right", no_wrap=True)
     return table
@@ -39,7 +39,7 @@ def _table(heading: str, columns: tuple[str, ...], left: set[str], *, wide: str 
 def render(summary: RunSummary) -> Group:
     gates = summary.ordered_gates()
     longest = max((len(g.gate) for g in gates), default=4)
-    table = _table(title(summary.header), GATE_COLUMNS, {"tiers"}, wide="gate", width=longest)
+    table = _table(title(summary.header), GATE_COLUMNS, {"tiers", "judged"}, wide="gate", width=longest)
     table.caption, table.caption_justify = GATE_LEGEND, "left"
     for g in gates:
         cells = gate_row(g)
@@ -75,11 +75,14 @@ def render(summary: RunSummary) -> Group:
         parts.append(table)
     for f in summary.failures:
         tried = summary.gates[f.gate].failed_cases
-        parts.append(Text(f"FAILED {f.gate} ({tried} failing case(s) while shrinking)", style="bold red"))
+        parts.append(Text(f"FAILED {f.gate}: {f.finding} ({tried} failing case(s) while shrinking)", style="bold red"))
         parts.append(Text(f"minimal case: {f.case}"))
+        if f.narrowed:
+            parts.append(Text(f"narrowed for the candidate: {'; '.join(f.narrowed)}"))
         parts.append(Text(f.message[:2000]))
         if f.reproduce:
-            parts.append(Text(f"reproduce: {f.reproduce}"))
+            # One line, however long: it is there to be copied.
+            parts.append(Text(f"reproduce: {f.reproduce}", no_wrap=True, overflow="ignore"))
     for skip in summary.skips:
         parts.append(Text(f"SKIPPED {skip.gate}: {skip.reason}", style="yellow"))
     return Group(*parts)

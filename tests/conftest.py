@@ -1,1 +1,35 @@
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
 pytest_plugins = ["pytester"]
+
+_REPRODUCE = re.compile(r"^reproduce: (PYTHONPATH=.*)$", re.MULTILINE)
+
+
+@pytest.fixture
+def rerun_reproduce(tmp_path: Path) -> Callable[[str], subprocess.CompletedProcess[str]]:
+    """Runs the last ``reproduce:`` command of a failing run's output from an empty scratch
+    directory, as a user who copied it would (this interpreter stands for ``python``)."""
+
+    def run(output: str) -> subprocess.CompletedProcess[str]:
+        commands = _REPRODUCE.findall(output)
+        assert commands, f"no reproduce command in:\n{output[-3000:]}"
+        scratch = tmp_path / "scratch"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        command = commands[-1].replace(" python -m pytest ", f" {sys.executable} -m pytest ", 1)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        return subprocess.run(
+            command, shell=True, cwd=scratch, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+
+    return run

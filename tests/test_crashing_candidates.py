@@ -97,7 +97,7 @@ def test_each_crash_is_named_for_what_it_is_and_a_slow_rank_is_not_a_hang(
     result.assert_outcomes(passed=2, failed=6)
     result.stdout.fnmatch_lines_random(
         [
-            "bf16_state: * comparisons failed; worst first:",
+            "bf16_state: * comparisons with reference.Muon failed; worst first:",
             "*w.momentum_buffer step 0 rank ? [[]bitwise]*(dtype bfloat16, the reference's float32: compared after "
             "casting to float32)",
             "deadlock: hang: rank 0 waits in all_reduce, called from deadlock_muon.py:* in step*",

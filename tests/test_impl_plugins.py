@@ -54,7 +54,7 @@ def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
     shutil.copy(REPO / "examples" / "broken_muon.py", tmp_path / "their_muon.py")
     result = _run(tmp_path, "-k", "several_steps", "--impl", "their_muon:broken_muon")
     assert result.returncode == 1, result.stdout[-3000:]
-    assert "several_steps: 1 of 2 comparisons failed" in result.stdout, result.stdout[-3000:]
+    assert "several_steps: 1 of 2 comparisons with reference.Muon failed" in result.stdout, result.stdout[-3000:]
     # Shrunk: one small matrix. (The exact minimal case depends on hypothesis's version.)
     shrunk = re.search(r"minimal case: w0\[(\d+), (\d+)\] \w+ · world \d · (\d) steps?", result.stdout)
     assert shrunk is not None, result.stdout[-3000:]

@@ -99,7 +99,7 @@ def test_gate_figures_reach_junit_xml_and_the_github_step_summary(
     properties = {p.get("name"): p.get("value") for p in ElementTree.parse(suite.path / "junit.xml").iter("property")}
     assert properties["tiny.cases"] == "1" and properties["tiny.failed"] == "0"
     assert properties["tiny.comparisons"] == properties["tiny.bitwise"] == "4"
-    assert "| tiny | bitwise | 1 | 0 | 4 | 4 |" in summary.read_text()
+    assert "| tiny | candidate | bitwise | 1 | 0 | ref 1/1 | 4/4 |" in summary.read_text()
 
 
 def test_cuda_without_enough_gpus_is_a_usage_error(suite: pytest.Pytester) -> None:

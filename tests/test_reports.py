@@ -14,6 +14,7 @@ import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -61,7 +62,13 @@ RECORDS: list[Record] = [
         "world_size_independence",
         "w0[4, 4] float32 · world 2 · 1 step",
         seconds=0.5,
-        comparisons=(Comparison("w0", (2, 4)), Comparison("w0", (2, 4), rank=1)),
+        comparisons=(
+            Comparison("w0", (2, 4)),
+            Comparison("w0", (2, 4), rank=1),
+            Comparison("w0", (2, 4), against="self", bitwise=False, passed=False, max_abs_diff=0.5, max_ulp=9.0),
+        ),
+        judged="candidate",
+        narrowed=("w0 bfloat16 → float32 (bf16 not declared)",),
     ),
     CaseResult(
         2,
@@ -79,8 +86,9 @@ RECORDS: list[Record] = [
         seconds=1.25,
         reproduce="pytest 'gates/test_x.py::test_k' --nproc 2",
         comparisons=(WITHIN_TIER, FAILING),
+        judged="kernel",
     ),
-    CaseResult(4, "kernel:edge", "nan [16, 24] bfloat16 · kernel my:ns", tier="edge"),
+    CaseResult(4, "kernel:edge", "nan [16, 24] bfloat16 · kernel my:ns", tier="edge", judged="kernel"),
     NegativeControl(
         "negative:LocalRowsMuon",
         True,
@@ -210,7 +218,7 @@ def test_planted_bug_is_caught(gate_runner):
 
 
 def test_planted_failure_is_summarized_with_a_command_that_reproduces_it(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, rerun_reproduce: Any
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     pytester.makeconftest('pytest_plugins = ["harness.plugin"]')
@@ -222,14 +230,15 @@ def test_planted_failure_is_summarized_with_a_command_that_reproduces_it(
             "*FAILED planted*",
             "minimal case: w[6, 4] float32 · world 2 · 1 step · candidate gates.negative_controls:LocalRowsMuon",
             "*w step 0 rank*[bitwise]*",
-            "reproduce: pytest 'test_planted.py::test_planted_bug_is_caught' --nproc 2",
+            "reproduce: PYTHONPATH=* python -m pytest -p harness.plugin */test_planted.py::test_planted_bug_is_caught "
+            "--nproc 2",
         ]
     )
     # The failure reads as its verdict, not as a traceback through the harness.
     assert "def check(" not in first.stdout.str() and "harness/runner.py" not in first.stdout.str()
-    again = pytester.runpytest_subprocess("test_planted.py::test_planted_bug_is_caught", "--nproc", "2")
-    again.assert_outcomes(failed=1)
-    again.stdout.fnmatch_lines(["*FAILED planted*"])
+    again = rerun_reproduce(first.stdout.str())
+    assert again.returncode == 1, again.stdout[-3000:]
+    assert "minimal case: w[6, 4] float32 · world 2 · 1 step" in again.stdout, again.stdout[-3000:]
 
 
 def test_comparing_runs_names_new_failures_fixed_gates_and_grown_differences(tmp_path: Path) -> None:
@@ -263,7 +272,7 @@ def test_html_report_is_a_self_contained_page_with_a_section_and_pictures_per_ga
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
     for gate in GATES:
         assert f'<section id="{anchor(gate)}"><h3>{gate}</h3>' in page and f'href="#{anchor(gate)}"' in page
-    assert "<details open><summary>minimal failing case</summary>" in page
+    assert "<details open><summary>minimal failing case: differs from reference</summary>" in page
 
 
 class _Texts(HTMLParser):

@@ -90,10 +90,30 @@ class Impl:
             )
 
     def adapt(self, case: Case) -> Case:
-        """The case narrowed to what this candidate declared it supports, on its conventions."""
+        """The case narrowed to what this candidate declared it supports, on its conventions.
+
+        Every change to what the case exercises is written into its ``narrowed`` notes, so
+        that a gate reports what it really ran (and a hand-picked case whose point was
+        narrowed away is skipped). The declared conventions replace the case's own settings
+        of those keys: that is the candidate's arithmetic, not a narrowing (``overridden``)."""
         self._check_expressible()
-        params = [self._narrow(p) for p in case.params if p.use_muon or "adamw" in self.features]
+        notes: list[str] = []
+        params: list[ParamSpec] = []
+        dropped = [p.name for p in case.params if not p.use_muon and "adamw" not in self.features]
+        if dropped:
+            notes.append(f"AdamW parameters {dropped} left out (adamw not declared)")
+        for p in case.params:
+            if p.use_muon or "adamw" in self.features:
+                params.append(self._narrow(p, notes))
         world = case.world_size if self.max_world is None else min(case.world_size, self.max_world)
+        if world != case.world_size:
+            notes.append(f"world {case.world_size} → {world} (muongate_max_world {self.max_world})")
+        if case.mesh != (case.world_size,):
+            notes.append(f"mesh {list(case.mesh)} → [{world}] (the contract hands a candidate 1-D meshes)")
+        settings = dict(case.settings)
+        checkpoint = case.checkpoint_after if "checkpoint" in self.features else None
+        if checkpoint != case.checkpoint_after:
+            notes.append("checkpoint round trip left out (checkpoint not declared)")
         return replace(
             case,
             params=tuple(params),
@@ -101,9 +121,26 @@ class Impl:
             mode=None,
             world_size=world,
             mesh=(world,),
-            settings=tuple({**dict(case.settings), **dict(self.conventions)}.items()),
-            checkpoint_after=case.checkpoint_after if "checkpoint" in self.features else None,
+            settings=tuple({**settings, **dict(self.conventions)}.items()),
+            checkpoint_after=checkpoint,
+            narrowed=case.narrowed + tuple(notes),
         )
+
+    def overridden(self, case: Case) -> list[str]:
+        """The case's own settings that this candidate's declared conventions replace."""
+        declared = dict(self.conventions)
+        return [
+            f"{key} {value} → {declared[key]} (declared convention)"
+            for key, value in case.settings
+            if key in declared and stored_setting(key, value) != declared[key]
+        ]
+
+    def missing(self, features: set[str]) -> list[str]:
+        """Which of ``features`` (and ``"world"``: more than one rank) this candidate did not declare."""
+        gone = sorted(features & FEATURES - self.features)
+        if "world" in features and self.max_world is not None and self.max_world < 2:
+            gone.append("world")
+        return gone
 
     def adapt_training(self, spec: Any) -> Any:
         """A training spec (MoE scenario, transformer) run with this candidate on its conventions;
@@ -121,11 +158,14 @@ class Impl:
         settings = {**dict(spec.settings), **dict(self.conventions)}
         return replace(spec, candidate=self.factory, settings=tuple(settings.items()))
 
-    def _narrow(self, p: ParamSpec) -> ParamSpec:
+    def _narrow(self, p: ParamSpec, notes: list[str]) -> ParamSpec:
         if len(p.shape) == 3 and "experts" not in self.features:
-            p = p._replace(shape=p.shape[1:])  # one expert's matrix
+            notes.append(f"{p.name} {list(p.shape)} → one expert {list(p.shape[1:])} (experts not declared)")
+            p = p._replace(shape=p.shape[1:])
         if p.dtype == "bfloat16" and "bf16" not in self.features:
+            notes.append(f"{p.name} bfloat16 → float32 (bf16 not declared)")
             p = p._replace(dtype="float32")
         if p.grad in ("none", "every_other") and "no_grad" not in self.features:
+            notes.append(f"{p.name} grad={p.grad} → normal (no_grad not declared)")
             p = p._replace(grad="normal")
         return p

@@ -96,7 +96,11 @@ class Case:
     candidate: Any = None
     checkpoint_after: int | None = None
     kernel: str | None = None
+    #: also run the candidate on one device and compare with that (``--against self``)
+    self_reference: bool = False
     label: str = field(default="", compare=False)
+    #: what ``Impl.adapt`` changed to fit the candidate's declarations, one note each
+    narrowed: tuple[str, ...] = field(default=(), compare=False)
 
     def settings_dict(self) -> dict[str, Any]:
         """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""
@@ -120,6 +124,8 @@ class Case:
             parts.append(f"candidate {candidate_name(self.candidate)}")
         if self.kernel:
             parts.append(f"kernel {self.kernel}")
+        if self.self_reference:
+            parts.append("against itself on one device")
         if self.seed:
             parts.append(f"seed {self.seed}")
         return " · ".join(parts)

@@ -93,9 +93,15 @@ def pytest_configure(config: pytest.Config) -> None:
     """Checks every option (before hypothesis's own plugin reads its profile), then resolves
     the world size, the devices and the plug-ins once, so that usage errors come now."""
     config.addinivalue_line("markers", "gate: a distributed equivalence claim run on the rank pool")
+    config.addinivalue_line(
+        "markers",
+        "judges(what, subject): the test judges WHAT (a part of muongate, a kernel), not the optimizer candidate; "
+        "skipped under --impl, and reported as judging SUBJECT",
+    )
     check_options(config)
     if os.environ.get(PROFILE_VARIABLE) and not config.getoption("hypothesis_profile", None):
         settings.load_profile(os.environ[PROFILE_VARIABLE])
+    _fix_seed(config)
     nproc = config.getoption("nproc")
     if launched_by_torchrun():
         world = int(os.environ["WORLD_SIZE"])
@@ -118,6 +124,17 @@ def pytest_configure(config: pytest.Config) -> None:
         # the directory at the end, so an earlier run's must go first.
         for stale in Path(config.getoption("gate_report")).glob("results-gw*.jsonl"):
             stale.unlink()
+
+
+def _fix_seed(config: pytest.Config) -> None:
+    """Under a profile that draws at random, a session without ``--hypothesis-seed`` gets one,
+    so that its reproduce commands draw the same cases (hypothesis's plug-in reads it after us)."""
+    import random
+
+    profile = config.getoption("hypothesis_profile", None)
+    chosen = settings.get_profile(profile) if profile else settings.default
+    if chosen is not None and not chosen.derandomize and config.getoption("hypothesis_seed", None) is None:
+        config.option.hypothesis_seed = str(random.randrange(2**32))
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -151,6 +168,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The session's ``GateRunner``: a rank pool plus the results stream."""
     from harness.plugin.progress import CaseProgress, terminal
     from harness.ranks import LauncherGroup, RankPool
+    from harness.reproduce import Rerun
     from harness.runinfo import make_header
     from harness.runner import GateRunner
     from reports.stream import ResultStream
@@ -173,8 +191,16 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     tty = terminal() if writes_report else None
     progress = CaseProgress.start(tty) if tty is not None else None
     impl, kernel = config.stash[_IMPL], config.stash[_KERNEL]
-    runner = GateRunner(pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel)
+    against = config.getoption("against")
     seed = config.getoption("hypothesis_seed", None)
+    rerun = Rerun(
+        device="cuda" if backend == "nccl" else "cpu",
+        profile=settings.get_current_profile_name(),
+        seed=None if seed is None else str(seed),
+    )
+    runner = GateRunner(
+        pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun
+    )
     runner.start(
         make_header(
             backend=backend,
@@ -184,6 +210,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             hypothesis_seed=None if seed is None else str(seed),
             impl=impl.spec if impl else "distributed_impl:ShardedMuon",
             kernel=kernel.spec if kernel else None,
+            against=against,
         )
     )
     config.stash[_RUNNER] = runner
@@ -267,11 +294,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         notes = getattr(failure, "__notes__", [])
         if notes:
             report.longrepr = "\n".join([str(report.longrepr), *notes])
+    findings = _findings(failure)
+    if report.failed and findings:
+        # Hypothesis found several distinct failures (``harness.runner.FINDINGS``), each shrunk.
+        report.longrepr = "\n\n".join(
+            f"finding {i} of {len(findings)}: " + "\n".join([str(f), *getattr(f, "__notes__", [])])
+            for i, f in enumerate(findings, 1)
+        )
     if report.skipped and item.get_closest_marker("gate") is not None:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         item.config.stash.setdefault(_SKIPS, []).append((item.nodeid, reason.removeprefix("Skipped: ")))
         _flush_skips(item.config)
     return report
+
+
+def _findings(failure: BaseException | None) -> list[BaseException]:
+    """The findings of a test that failed in several distinct ways (an exception group of them)."""
+    if not isinstance(failure, BaseExceptionGroup):
+        return []
+    from harness.runner import AlreadyShrunk, Finding
+
+    members = list(failure.exceptions)
+    return members if all(isinstance(m, (Finding, AlreadyShrunk)) for m in members) else []
 
 
 def _is_already_shrunk(failure: BaseException | None) -> bool:
@@ -288,11 +332,20 @@ def _flush_skips(config: pytest.Config) -> None:
         config.stash[_SKIPS] = []
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``judges`` did not run an ``--impl`` candidate: it never reports on one."""
+    marker = item.get_closest_marker("judges")
+    impl = item.config.stash.get(_IMPL, None)
+    if marker is not None and impl is not None:
+        pytest.skip(f"judges {marker.args[0]}, not {impl.spec}; it runs without --impl")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
     runner = item.config.stash.get(_RUNNER, None)
     if runner is not None:
-        runner.nodeid = item.nodeid
+        marker = item.get_closest_marker("judges")
+        runner.begin(item.nodeid, str(item.path), "candidate" if marker is None else marker.args[1])
 
 
 def _streams(config: pytest.Config) -> list[Path]:
@@ -342,7 +395,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     console = Console(
         file=terminalreporter._tw._file, width=max(140, terminalreporter._tw.fullwidth), no_color="CI" in os.environ
     )
-    console.print(render(summary))
+    console.print(render(summary), crop=False)  # a reproduce command stays whole, to be copied
     directory = streams[0].parent
     write_files(summary, directory)
     names = ", ".join(p.name for p in streams)

@@ -49,6 +49,14 @@ def add_options(parser: pytest.Parser) -> None:
         "and the kernel gates measure it against the reference (contract: harness/candidates/kernel.py, README).",
     )
     group.addoption(
+        "--against",
+        choices=("reference", "self"),
+        default="reference",
+        help="what the optimizer gates judge the candidate against: reference (reference.Muon, default) or "
+        "self (the same candidate on one device, so that sharding bugs show even where its arithmetic "
+        "differs from the reference by design; reference.Muon's verdict is still shown beside it).",
+    )
+    group.addoption(
         "--gate-baseline",
         metavar="FILE",
         default=None,

@@ -11,7 +11,7 @@ import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 FailureKind = Literal["error", "hang", "died"]
 
@@ -31,14 +31,33 @@ class RankContext:
     case_id: int
     group: Any = field(default=None, compare=False, repr=False)
     hsdp_groups: Mapping[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
+    #: this rank alone: where a candidate runs as its own single-device self (``--against self``)
+    solo_group: Any = field(default=None, compare=False, repr=False)
 
 
-def make_groups(nproc: int) -> tuple[dict[int, Any], dict[tuple[int, int], tuple[Any, Any]]]:
+class Groups(NamedTuple):
+    """Every process group a case can need on this rank (``make_groups``)."""
+
+    worlds: dict[int, Any]
+    hsdp: dict[tuple[int, int], tuple[Any, Any]]
+    solo: Any
+
+    def context(self, rank: int, world: int, device: str, backend: str, case_id: int) -> RankContext:
+        """The context of one case of ``world`` ranks, on this rank."""
+        return RankContext(rank, world, device, backend, case_id, self.worlds[world], self.hsdp, self.solo)
+
+    def mine(self, rank: int) -> list[Any]:
+        """The groups of ranks ``0 .. w-1`` and of HSDP that this rank belongs to (to warm up)."""
+        return [g for w, g in self.worlds.items() if rank < w] + [g for pair in self.hsdp.values() for g in pair]
+
+
+def make_groups(nproc: int) -> Groups:
     """Every process group a case can need, made once (every rank must take part in each).
 
-    Returns the group of ranks ``0 .. w-1`` for every world size ``w``, and for every even
-    ``w >= 4`` this rank's (replicate, shard) groups of the HSDP mesh ``(2, w // 2)`` laid
-    over ranks ``0 .. w-1`` (rows shard, columns replicate); ranks outside get placeholders.
+    The group of ranks ``0 .. w-1`` for every world size ``w``; for every even ``w >= 4``
+    this rank's (replicate, shard) groups of the HSDP mesh ``(2, w // 2)`` laid over ranks
+    ``0 .. w-1`` (rows shard, columns replicate; ranks outside get placeholders); and the
+    group of this rank alone.
     """
     import torch.distributed as dist
 
@@ -52,7 +71,8 @@ def make_groups(nproc: int) -> tuple[dict[int, Any], dict[tuple[int, int], tuple
         cols = [dist.new_group([c, c + half]) for c in range(half)]
         if rank < w:
             hsdp[(2, half)] = (cols[rank % half], rows[rank // half])
-    return worlds, hsdp
+    solos = [worlds[1] if r == 0 else dist.new_group([r]) for r in range(nproc)] if nproc > 1 else [worlds[1]]
+    return Groups(worlds, hsdp, solos[rank])
 
 
 #: What a failed case is called, from its ranks: stuck in a collective (``hang``); ranks that

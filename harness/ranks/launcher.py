@@ -46,7 +46,7 @@ class LauncherGroup:
         self.nproc = dist.get_world_size()
         self.backend = backend
         self.device = device
-        self._groups, self._hsdp_groups = make_groups(self.nproc)
+        self._groups = make_groups(self.nproc)
         self._next_case = 0
 
     def run(
@@ -65,9 +65,7 @@ class LauncherGroup:
         if sent[0] != payload:
             status, value = "error", f"rank {self.rank} drew a different case than rank 0: {payload!r} vs {sent[0]!r}"
         elif self.rank < world:
-            ctx = RankContext(
-                self.rank, world, self.device, self.backend, self._next_case, self._groups[world], self._hsdp_groups
-            )
+            ctx = self._groups.context(self.rank, world, self.device, self.backend, self._next_case)
             try:
                 status, value = "ok", fn(ctx, payload)
             except Exception:

@@ -51,7 +51,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from harness.ranks.context import CaseOutcome, RankContext, RankFailure, make_groups
+from harness.ranks.context import CaseOutcome, Groups, RankContext, RankFailure, make_groups
 from harness.ranks.stacks import Frame, collective, main_thread_frames
 
 #: What the forkserver imports once, so that every worker forked from it starts warm.
@@ -153,17 +153,15 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
         world_size=spec.nproc,
         timeout=timedelta(seconds=spec.pg_timeout_s),
     )
-    groups, hsdp_groups = make_groups(spec.nproc)
-    _warm_up(spec, groups, hsdp_groups)
+    groups = make_groups(spec.nproc)
+    _warm_up(spec, groups)
     conn.send(("ready", os.getpid()))
     while True:
         job: _Job | None = conn.recv()
         if job is None:
             break
         try:
-            ctx = RankContext(
-                spec.rank, job.world_size, spec.device, spec.backend, job.case_id, groups[job.world_size], hsdp_groups
-            )
+            ctx = groups.context(spec.rank, job.world_size, spec.device, spec.backend, job.case_id)
             conn.send(("ok", job.fn(ctx, job.payload)))
         except BaseException:  # every failure goes back to the parent
             conn.send(("error", traceback.format_exc()))
@@ -172,7 +170,7 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
     os._exit(0)
 
 
-def _warm_up(spec: _WorkerSpec, groups: Mapping[int, Any], hsdp_groups: Mapping[Any, tuple[Any, Any]]) -> None:
+def _warm_up(spec: _WorkerSpec, groups: Groups) -> None:
     """One collective on every group of this rank and one matrix product, before "ready".
 
     NCCL builds a communicator at its first collective and CUDA loads cuBLAS at the first
@@ -183,8 +181,7 @@ def _warm_up(spec: _WorkerSpec, groups: Mapping[int, Any], hsdp_groups: Mapping[
     import torch.distributed as dist
 
     device = torch.device(spec.device)
-    mine = [g for w, g in groups.items() if spec.rank < w] + [g for pair in hsdp_groups.values() for g in pair]
-    for group in mine:
+    for group in groups.mine(spec.rank):
         dist.all_reduce(torch.ones(1, device=device), group=group)
     (torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)).sum().item()
 

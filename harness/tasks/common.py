@@ -65,7 +65,10 @@ def shard_like(full: Tensor, p: Tensor) -> Tensor:
 
 def compare_shard(name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor, tier: Tier = BITWISE) -> Comparison:
     """This rank's piece of ``cand`` against the same piece of the full reference tensor, laid
-    out by DTensor itself (no offsets computed here, no collective)."""
+    out by DTensor itself (no offsets computed here, no collective). A reference that is
+    itself a DTensor on a one-rank mesh (the candidate's single-device self) is read whole."""
+    if isinstance(ref_full, DTensor):
+        ref_full = ref_full.full_tensor()
     if isinstance(cand, DTensor):
         expected = distribute_tensor(ref_full, cand.device_mesh, cand.placements, src_data_rank=None).to_local()
         actual = cand.to_local()

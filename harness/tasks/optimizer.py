@@ -12,6 +12,7 @@ no rank raises inside a collective: the verdicts go back to the parent.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -59,7 +60,7 @@ def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
     return reference.Muon(_groups(case, plain), orthogonalize_fn=_kernel(case), **case.settings_dict())
 
 
-def _candidate(case: Case, model: nn.Module) -> torch.optim.Optimizer:
+def _candidate(case: Case, model: nn.Module, factory: Any = None) -> torch.optim.Optimizer:
     params = [model.get_parameter(s.name) for s in case.params]
     # Every reference setting, defaults included: a plug-in gets the whole configuration.
     kwargs = {k: v for k, v in {**reference.MUON_DEFAULTS, **case.settings_dict()}.items() if k != "use_muon"}
@@ -67,13 +68,29 @@ def _candidate(case: Case, model: nn.Module) -> torch.optim.Optimizer:
         kwargs["mode"] = case.mode
     if case.kernel:
         kwargs["orthogonalize_fn"] = _kernel(case)
-    return factory_of(case.candidate)(_groups(case, params), **kwargs)
+    return (factory or factory_of(case.candidate))(_groups(case, params), **kwargs)
 
 
-def _model(case: Case, tensors: list[Tensor], mesh: DeviceMesh) -> nn.Module:
+def _model(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None) -> nn.Module:
+    """The case's parameters in a module, ``fully_shard``-ed on ``mesh`` (``None``: left plain)."""
     model = _Holder({s.name: t for s, t in zip(case.params, tensors, strict=True)})
-    fully_shard(model, mesh=mesh)
+    if mesh is not None:
+        fully_shard(model, mesh=mesh)
     return model
+
+
+def _twin(
+    ctx: RankContext, case: Case, build: Callable[[DeviceMesh | None], nn.Module]
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The candidate as its own single-device self, on the model ``build`` makes: with the
+    counterpart it names (``muongate_single_device``) on plain tensors, or else itself on a
+    one-rank FSDP2 mesh of this rank alone."""
+    single = getattr(factory_of(case.candidate), "muongate_single_device", None)
+    if single is not None:
+        model = build(None)
+        return model, _candidate(case, model, single)
+    model = build(DeviceMesh.from_group(ctx.solo_group, torch.device(ctx.device).type, mesh_dim_names=("shard",)))
+    return model, _candidate(case, model)
 
 
 class _Phases:
@@ -108,23 +125,31 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
     ref_by_name = _by_name(ref)
     model = _model(case, tensors, mesh)
     opt = _candidate(case, model)
+    twin = _twin(ctx, case, lambda m: _model(case, tensors, m)) if case.self_reference else None
     phases.lap("set-up (mesh, fully_shard, optimizers)")
     records: list[Comparison] = []
     for step in range(case.steps):
         for i, spec in enumerate(case.params):
             g = gradient(spec, case.seed, i, step)
-            cand_p = model.get_parameter(spec.name)
-            ref_by_name[spec.name].grad = None if g is None else g.to(device)
-            cand_p.grad = None if g is None else shard_like(g.to(device), cand_p)
+            g = None if g is None else g.to(device)
+            ref_by_name[spec.name].grad = g
+            for m in (model,) if twin is None else (model, twin[0]):
+                p = m.get_parameter(spec.name)
+                p.grad = None if g is None else shard_like(g, p)
         phases.lap("inputs")
         ref.step()
         phases.lap("reference step")
         opt.step()
         phases.lap("candidate step (with its collectives)")
+        if twin is not None:
+            twin[1].step()
+            phases.lap("candidate on one device")
         if case.checkpoint_after is not None and step + 1 == case.checkpoint_after:
             model, opt = _round_trip(case, model, opt, mesh, ctx)
             phases.lap("checkpoint round trip")
         records += _compare_step(case, step, ctx.rank, ref, ref_by_name, opt, model)
+        if twin is not None:
+            records += _compare_twin(case, step, ctx.rank, twin, opt, model)
         phases.lap("compare")
     _LAST_PHASES.clear()
     _LAST_PHASES.update(phases.seconds)
@@ -142,6 +167,23 @@ def _compare_step(
 ) -> list[Comparison]:
     pairs = ((s.name, ref_by_name[s.name], model.get_parameter(s.name)) for s in case.params)
     return compare_params_and_state(pairs, ref, opt, step=step, rank=rank)
+
+
+def _compare_twin(
+    case: Case,
+    step: int,
+    rank: int,
+    twin: tuple[nn.Module, torch.optim.Optimizer],
+    opt: torch.optim.Optimizer,
+    model: nn.Module,
+) -> list[Comparison]:
+    """This rank's pieces against the candidate's own single-device result (``against="self"``)."""
+    twin_model, twin_opt = twin
+    pairs = ((s.name, twin_model.get_parameter(s.name), model.get_parameter(s.name)) for s in case.params)
+    return [
+        dataclasses.replace(c, against="self")
+        for c in compare_params_and_state(pairs, twin_opt, opt, step=step, rank=rank)
+    ]
 
 
 def _round_trip(
@@ -238,35 +280,49 @@ def backward_model_case(seed: int, dims: tuple[int, int, int], world_size: int, 
     )
 
 
+def _mlp(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None) -> nn.Module:
+    """The two-layer MLP of ``backward_model_case`` holding ``tensors``, each layer and the
+    whole ``fully_shard``-ed on ``mesh`` (``None``: left plain)."""
+    (d1, d0), d2 = case.params[0].shape, case.params[1].shape[0]
+    model = nn.Sequential(nn.Linear(d0, d1, bias=False), nn.Tanh(), nn.Linear(d1, d2)).to(tensors[0].device)
+    with torch.no_grad():
+        for spec, t in zip(case.params, tensors, strict=True):
+            model.get_parameter(spec.name).copy_(t)
+    if mesh is not None:
+        for module in (model[0], model[2], model):
+            fully_shard(module, mesh=mesh)
+    return model
+
+
 def run_backward_case(ctx: RankContext, case: Case) -> TaskResult:
     """FSDP2 forward and backward on per-rank micro-batches; the reference is fed the
     gradients FSDP2 produced (gathered), so the claim is the optimizer after a real backward."""
     device = torch.device(ctx.device)
-    d1, d0 = case.params[0].shape
-    d2 = case.params[1].shape[0]
-    model = nn.Sequential(nn.Linear(d0, d1, bias=False), nn.Tanh(), nn.Linear(d1, d2)).to(device)
+    d0 = case.params[0].shape[1]
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
-    with torch.no_grad():
-        for spec, t in zip(case.params, tensors, strict=True):
-            model.get_parameter(spec.name).copy_(t)
     ref = _reference(case, tensors)
     ref_by_name = _by_name(ref)
-    mesh = mesh_for(ctx, case.mesh)
-    fully_shard(model[0], mesh=mesh)
-    fully_shard(model[2], mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = _mlp(case, tensors, mesh_for(ctx, case.mesh))
     opt = _candidate(case, model)
+    twin = _twin(ctx, case, lambda m: _mlp(case, tensors, m)) if case.self_reference else None
     records: list[Comparison] = []
     for step in range(case.steps):
         x = torch.randn(4, d0, generator=generator(case.seed, ctx.rank, step)).to(device)
         model(x).square().mean().backward()
         for spec in case.params:
             grad = model.get_parameter(spec.name).grad
-            ref_by_name[spec.name].grad = grad.full_tensor() if isinstance(grad, DTensor) else grad
+            full = grad.full_tensor() if isinstance(grad, DTensor) else grad
+            ref_by_name[spec.name].grad = full
+            if twin is not None:
+                p = twin[0].get_parameter(spec.name)
+                p.grad = None if full is None else shard_like(full, p)
         ref.step()
         opt.step()
         opt.zero_grad()
         records += _compare_step(case, step, ctx.rank, ref, ref_by_name, opt, model)
+        if twin is not None:
+            twin[1].step()
+            records += _compare_twin(case, step, ctx.rank, twin, opt, model)
     return TaskResult(tuple(records))
 
 

@@ -1,0 +1,197 @@
+"""Claims about how the gates judge an ``--impl`` candidate: a gate reports on it only what it
+ran in it; narrowed cases say so; the candidate's own single-device self is a second
+reference; one gate reports several findings; a reproduce command reproduces."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.candidates import Impl, UnsupportedConvention
+from harness.cases import Case, ParamSpec
+
+REPO = Path(__file__).resolve().parents[1]
+
+RAISING = """
+import torch
+
+
+class Raising(torch.optim.Optimizer):
+    def __init__(self, param_groups, **settings):
+        super().__init__([{"params": g["params"]} for g in param_groups], {})
+
+    def step(self, closure=None):
+        raise NotImplementedError("this candidate never steps")
+
+
+def raising(param_groups, **settings):
+    return Raising(param_groups, **settings)
+"""
+
+TWO_BUGS = '''
+from examples.gathered_muon import _DECLARED, GatheredMuon
+
+
+class OneRowCrash(GatheredMuon):
+    """gathered_muon's arithmetic, plus a crash on 1-row weights."""
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.shape[0] == 1:
+                    raise IndexError(f"cannot take the rows of {tuple(p.shape)}")
+        return super().step(closure)
+
+
+def two_bugs(param_groups, **settings):
+    return OneRowCrash(param_groups, **settings)
+
+
+for name, value in _DECLARED.items():
+    setattr(two_bugs, name, value)
+'''
+
+
+def _gates(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str) -> pytest.RunResult:
+    """muongate's own gates from a directory that is not the repository, as another team runs them."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(REPO)]))
+    return pytester.runpytest_subprocess(
+        "-p", "harness.plugin", "--pyargs", *args, "--nproc", "2", "-p", "no:randomly", "--gate-report", "report",
+        timeout=900,
+    )  # fmt: skip
+
+
+def _report(pytester: pytest.Pytester) -> str:
+    return (pytester.path / "report" / "equivalence.md").read_text()
+
+
+def test_a_candidate_that_raises_on_every_step_passes_no_gate(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(raising=RAISING)
+    result = _gates(pytester, monkeypatch, "gates", "-m", "gate", "--impl", "raising:raising")
+    outcomes = result.parseoutcomes()
+    assert "passed" not in outcomes, result.stdout.str()[-4000:]
+    assert outcomes["failed"] > 0 and outcomes["skipped"] > 0
+    report = _report(pytester)
+    # What judged muongate's own code was skipped and says so; nothing it ran counts for the candidate.
+    for own in ("orthogonalizes_to_reference_rows", "catch_negative_control", "kernel_matches_reference"):
+        assert own in report and "it runs without --impl" in report, own
+    assert "muongate:" not in report.split("## Skipped")[0]
+
+
+def test_narrowed_gates_and_hand_picked_cases_are_skipped_naming_the_narrowing(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = _gates(
+        pytester, monkeypatch, "gates.test_optimizer_gates", "-k", "hybrid or checkpoint or edge or one_sharded",
+        "--impl", "examples.gathered_muon:gathered_muon",
+    )  # fmt: skip
+    # Its arithmetic differs from reference.Muon's by design: what ran fails (one_step, six edge
+    # cases); what was narrowed away is skipped (two gates, five edge cases, two need 4 ranks).
+    result.assert_outcomes(failed=7, skipped=9)
+    report = _report(pytester)
+    for reason in (
+        "hybrid_groups: not run: its claim is Muon and AdamW groups side by side, and "
+        "examples.gathered_muon:gathered_muon does not declare adamw",
+        "checkpoint: not run: its claim is a checkpoint round trip",
+        "edge:experts-3x6x4: not run: narrowed for examples.gathered_muon:gathered_muon: w [3, 6, 4] → one expert",
+        "edge:same-shape-stacks-fp32-ns: not run: narrowed for examples.gathered_muon:gathered_muon: ns_dtype "
+        "float32 → bfloat16 (declared convention)",
+    ):
+        assert reason in report, reason
+    one_step = next(line for line in report.splitlines() if line.startswith("| one_step |"))
+    assert "narrowed)" in one_step, one_step
+
+
+def test_a_convention_value_the_reference_cannot_take_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "half_muon.py").write_text(
+        "def half_muon(param_groups, **settings):\n    raise AssertionError('never built')\n"
+        "half_muon.muongate_conventions = {'ns_dtype': 'float16'}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    impl = Impl.load("half_muon:half_muon")
+    with pytest.raises(UnsupportedConvention, match=r"ns_dtype.*must be torch\.bfloat16 or torch\.float32"):
+        impl.adapt(Case(params=(ParamSpec("w", (4, 4)),)))
+
+
+def test_self_reference_finds_a_sharding_bug_that_the_reference_verdict_hides(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = ("gates.test_optimizer_gates", "-k", "one_sharded_step")
+    buggy = ("--impl", "examples.gathered_muon:gathered_muon_local_lr")
+    against_reference = _gates(pytester, monkeypatch, *gate, *buggy)
+    against_reference.assert_outcomes(failed=1)
+    against_reference.stdout.fnmatch_lines(["FAILED one_step: differs from reference*", "minimal case: * world 1 *"])
+    against_self = _gates(pytester, monkeypatch, *gate, *buggy, "--against", "self")
+    against_self.assert_outcomes(failed=1)
+    against_self.stdout.fnmatch_lines_random(
+        [
+            "FAILED one_step: differs from itself*",
+            "minimal case: w0[[]*] float32 · world 2 · *against itself on one device",
+        ]
+    )
+    for correct in ("examples.gathered_muon:gathered_muon", None):
+        impl = ("--impl", correct) if correct else ()
+        passed = _gates(pytester, monkeypatch, *gate, *impl, "--against", "self")
+        passed.assert_outcomes(passed=1)
+    # Both verdicts side by side: the correct but different candidate equals itself, not reference.Muon.
+    row = next(line for line in _report(pytester).splitlines() if line.startswith("| one_step |"))
+    assert "self 200/200" in row and "ref 200/200" in row, row
+
+
+def test_one_gate_reports_an_arithmetic_difference_and_a_crash_as_two_shrunk_findings(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(two_bugs=TWO_BUGS)
+    result = _gates(
+        pytester, monkeypatch, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "finding ? of 2: several_steps: error on rank 0: IndexError: cannot take the rows of (1, *",
+            "finding ? of 2: several_steps: 1 of 2 comparisons with reference.Muon failed*",
+            "FAILED several_steps: error *",
+            "FAILED several_steps: differs from reference *",
+        ]
+    )
+
+
+def test_reproduce_command_of_an_impl_run_fails_the_same_way_from_a_scratch_directory(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, rerun_reproduce: Any
+) -> None:
+    pytester.makepyfile(two_bugs=TWO_BUGS)
+    first = _gates(
+        pytester, monkeypatch, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs"
+    )
+    first.assert_outcomes(failed=1)
+    minimal = [line for line in first.stdout.lines if line.startswith("minimal case:")]
+    again = rerun_reproduce(first.stdout.str())
+    assert again.returncode == 1, again.stdout[-3000:]
+    for line in minimal:
+        assert line in again.stdout.splitlines(), line
+
+
+def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None:
+    base = Case(params=(ParamSpec("w", (4, 4)),))
+    changed: dict[str, Any] = {
+        "seed": 3, "world_size": 2, "mesh": (2, 1), "steps": 2, "mode": "owner_split",
+        "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True,
+        "candidate": Impl,
+    }  # fmt: skip
+    shown = {f.name for f in dataclasses.fields(Case) if f.compare} - {"params"}
+    assert shown == set(changed), "a new Case field needs a place in describe()"
+    for name, value in changed.items():
+        assert dataclasses.replace(base, **{name: value}).describe() != base.describe(), name
+    spec = base.params[0]
+    for name, value in {"dtype": "bfloat16", "use_muon": False, "grad": "zero", "grad_scale": 1e-8}.items():
+        other = dataclasses.replace(base, params=(spec._replace(**{name: value}),))
+        assert other.describe() != base.describe(), name
+    assert "grad_scale=1e-08" in dataclasses.replace(base, params=(spec._replace(grad_scale=1e-8),)).describe()
