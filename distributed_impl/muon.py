@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, cast, get_args
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
@@ -76,9 +77,41 @@ class ShardedMuon(Muon):
     def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
         placement.check_layout(name, p, matrix=use_muon)
 
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        """The reference's step, once every rank agrees on which parameters have a gradient."""
+        self._check_gradients_agree()
+        return super().step(closure)
+
+    def _check_gradients_agree(self) -> None:
+        """Raises ``ValueError`` on every rank, naming the parameter, where a parameter has a
+        gradient on some ranks of its mesh and ``None`` on others: stepping it on some ranks
+        only would leave the others waiting in its gather for ever. FSDP2 never does that,
+        but hand-set gradients and models with rank-dependent control flow do. One small
+        all-reduce per mesh dimension per step."""
+        by_mesh: dict[int, list[tuple[str, DTensor]]] = {}
+        for gi, group in enumerate(self.param_groups):
+            names = group.get("param_names") or [f"group{gi}.param{i}" for i in range(len(group["params"]))]
+            for name, p in zip(names, group["params"], strict=True):
+                by_mesh.setdefault(id(p.device_mesh), []).append((name, p))
+        for named in by_mesh.values():
+            mesh = named[0][1].device_mesh
+            have = torch.tensor([p.grad is not None for _, p in named], dtype=torch.int32, device=named[0][1].device)
+            counts = have.clone()
+            for dim in range(mesh.ndim):
+                dist.all_reduce(counts, group=mesh.get_group(dim))
+            for (name, p), mine, count in zip(named, have.tolist(), counts.tolist(), strict=True):
+                if 0 < count < mesh.size():
+                    raise ValueError(
+                        f"parameter {name!r} (shape {tuple(p.shape)}, placements {p.placements}) has a gradient "
+                        f"on {count} of the {mesh.size()} ranks of its mesh; on rank {dist.get_rank()} "
+                        f"it has {'one' if mine else 'none'}. Give it a gradient on every rank (zeros where it was "
+                        "unused) or on none"
+                    )
+
     def _group_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
-        # FSDP2 gives a parameter a gradient on every rank or on none, so the reference's
-        # filter on ``grad is None`` keeps every rank's list of collectives the same.
+        # Every rank agrees on which parameters have a gradient (``_check_gradients_agree``),
+        # so the reference's filter on ``grad is None`` keeps every rank's collectives the same.
         sharded = cast(list[DTensor], params)  # checked at construction by check_layout
         if group["use_muon"]:
             self._muon_group(sharded, group)

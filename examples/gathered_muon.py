@@ -96,7 +96,7 @@ _DECLARED = {
         "ns_dtype": "bfloat16",
         "adjust_lr_fn": "original",
     },
-    "muongate_features": {"bf16", "no_grad"},
+    "muongate_features": {"bf16"},
 }
 
 

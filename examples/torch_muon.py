@@ -77,4 +77,4 @@ torch_muon.muongate_conventions = {  # type: ignore[attr-defined]
     "adjust_lr_fn": "original",
 }
 torch_muon.muongate_max_world = 1  # type: ignore[attr-defined]
-torch_muon.muongate_features = {"adamw", "no_grad"}  # type: ignore[attr-defined]
+torch_muon.muongate_features = {"adamw"}  # type: ignore[attr-defined]

@@ -18,7 +18,15 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from reference import Muon, adamw_update, apply_update, group_orthogonalizer, lr_scale, momentum_update
+from reference import (
+    Muon,
+    adamw_update,
+    apply_update,
+    coefficient_schedule,
+    group_orthogonalizer,
+    lr_scale,
+    momentum_update,
+)
 
 
 def _zeros(p: DTensor) -> DTensor:
@@ -93,6 +101,43 @@ class PartialNormMuon(PlantedMuon):
         return super().orthogonalized_piece(normalized, p, ns)
 
 
+class ShardSumNormMuon(PlantedMuon):
+    """Takes Newton–Schulz's Frobenius norm from all-reduced per-shard float32 sums of squares
+    (no gather for the norm), in the reference's place and precision: the norm differs from
+    the gathered matrix's only in the order of a float32 sum. In bf16 Newton–Schulz the cast
+    rounds that last-bit difference away, except where the norm sits on a bf16 rounding tie
+    (``harness.cases.tensors.norm_boundary_matrix``): only those inputs catch it there."""
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        self._group = group
+        super()._muon_step(p, grad, state, group)
+
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        group = self._group
+        if update.ndim != 2 or self.orthogonalize_fn is not None:
+            return super().orthogonalized_piece(update, p, ns)
+        squares = cast(DTensor, _as_dtensor(update.float().pow(2), p).sum()).full_tensor()
+        full = _as_dtensor(update, p).full_tensor()
+        return _piece(_newton_schulz_with_norm(full, squares.sqrt(), group), p)
+
+
+def _newton_schulz_with_norm(G: Tensor, norm: Tensor, group: dict[str, Any]) -> Tensor:
+    """``reference.orthogonalize`` of one matrix, with its Frobenius norm given (float32)."""
+    schedule, safety = coefficient_schedule(group["ns_coefficients"])
+    X = G.to(group["ns_dtype"], copy=True)
+    transposed = G.size(0) > G.size(1)
+    if transposed:
+        X = X.mT
+    n = norm.to(X.dtype) * safety if safety != 1.0 else norm.to(X.dtype)
+    X = X / (n + group["eps"]) if group["eps_form"] == "add" else X / n.clamp(min=group["eps"])
+    for i in range(group["ns_steps"]):
+        a, b, c = schedule[min(i, len(schedule) - 1)]
+        A = X @ X.mT
+        B = torch.addmm(A, A, A, beta=b, alpha=c)
+        X = torch.addmm(X, B, X, beta=a)
+    return X.mT if transposed else X
+
+
 class LocalRowsMuon(PlantedMuon):
     """Orthogonalizes only this rank's rows: block-wise, not the full matrix."""
 
@@ -156,10 +201,75 @@ class DecayAfterUpdateMuon(PlantedMuon):
             local.copy_(p)
 
 
+# -- robustness: each fails one scenario of ``test_robustness_gates.py`` the way users report --
+class StepsWithoutGradMuon(PlantedMuon):
+    """Treats a missing gradient as zeros: a Muon parameter without a gradient still decays
+    and moves with its momentum."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None and group["use_muon"]:
+                    p.grad = torch.zeros_like(p)
+        return super().step(closure)
+
+
+class EmptyStepMuon(PlantedMuon):
+    """Stacks the step's updates into one batch, which fails when no parameter has a gradient."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        torch.stack([p.grad for group in self.param_groups for p in group["params"] if p.grad is not None])
+        return super().step(closure)
+
+
+class EmptyShardSkipMuon(PlantedMuon):
+    """Skips a matrix on a rank whose local piece is empty, so its peers wait in the gather."""
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        if cast(DTensor, p).to_local().numel():
+            super()._muon_step(p, grad, state, group)
+
+
+class SqueezeMuon(PlantedMuon):
+    """Squeezes the gathered update, so a 1-row or 1-column matrix reaches Newton–Schulz as a vector."""
+
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        full = _as_dtensor(update, p).full_tensor().squeeze()
+        return _piece(ns(full).view(p.shape), p)
+
+
+class MixedDtypeMuon(PlantedMuon):
+    """Applies every update in one flat buffer of the group's first parameter's dtype, so the
+    other dtypes of a mixed group are rounded through it."""
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        self._first_dtype = group["params"][0].dtype
+        super()._muon_step(p, grad, state, group)
+
+    def apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
+        through = local.to(self._first_dtype)
+        apply_update(through, ortho, group["lr"], group["weight_decay"], scaled_lr)
+        local.copy_(through)
+
+
+#: scenario of ``test_robustness_gates.py`` → the planted Muon that must fail it, and how
+ROBUSTNESS_CONTROLS: dict[str, tuple[type[PlantedMuon], str]] = {
+    # PlantedMuon steps what has a gradient on this rank, as the reference does on one device.
+    "rank-asymmetric-gradient": (PlantedMuon, "hang"),
+    "step-without-any-gradient": (EmptyStepMuon, "error"),
+    "muon-parameter-without-gradient": (StepsWithoutGradMuon, "differs from reference"),
+    "empty-local-shards": (EmptyShardSkipMuon, "hang"),
+    "one-row-and-one-column": (SqueezeMuon, "error"),
+    "mixed-shapes-and-dtypes": (MixedDtypeMuon, "differs from reference"),
+}
+
 NEGATIVE_CONTROLS: dict[str, type[PlantedMuon]] = {
     cls.__name__: cls
     for cls in (
         PartialNormMuon,
+        ShardSumNormMuon,
         LocalRowsMuon,
         PaddedGatherMuon,
         OffByOneRowsMuon,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from gates.negative_controls import NEGATIVE_CONTROLS, PlantedMuon
-from harness.cases import Case, cases
+from gates.negative_controls import NEGATIVE_CONTROLS, PlantedMuon, ShardSumNormMuon
+from harness.cases import Case, cases, norm_tie_cases
 
 pytestmark = [
     pytest.mark.gate,
@@ -54,3 +54,18 @@ def test_gates_catch_negative_control(gate_runner: Any, control: str) -> None:
     )
     size = sum(p.shape[0] for p in minimal.params)
     assert size <= 64, f"{control}: shrinking left a large case {_planted(minimal, planted).describe()}"
+
+
+def test_norm_ties_catch_the_shard_sum_norm_with_bf16_newton_schulz_only(gate_runner: Any) -> None:
+    """The shard-sum norm under a bf16-only declaration: every case has bf16 Newton–Schulz, so
+    only the norm-tie inputs can show the last-bit difference (on the ordinary generators
+    with ``ns_dtype`` fixed to bf16 it passed 300 of 300 cases: see the README)."""
+    if NPROC < 2:
+        pytest.skip("the controls run on two ranks")
+    minimal = gate_runner.catch(
+        "negative:ShardSumNormMuon (bf16 only)",
+        norm_tie_cases(max_world=2),
+        lambda case: gate_runner.run(_planted(case, ShardSumNormMuon)).message,
+        lambda case: _planted(case, ShardSumNormMuon).describe(),
+    )
+    assert dict(minimal.settings)["ns_dtype"] == "bfloat16"

@@ -4,7 +4,8 @@ The classes: a **hang** (a rank still running at the deadline, or a collective l
 timeout), an **abort** (a rank killed by a signal), a **collective mismatch** (what
 ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` reports, with each rank's operation, sequence number
 and shape), **silent corruption** (every rank finished, some comparison is off the
-reference), **completed**, and any other **error**.
+reference), **refused** (an optimizer refused the run's gradients with an error naming the
+parameter), **completed**, and any other **error**.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 from harness.ranks import CaseOutcome
 from reports.records import Comparison
 
-Outcome = Literal["hang", "abort", "collective mismatch", "silent corruption", "completed", "error"]
+Outcome = Literal["hang", "abort", "collective mismatch", "silent corruption", "refused", "completed", "error"]
 
 #: The MoE reproductions' deadline: a case not finished after this long is a hang. Longer than
 #: an MoE case needs on a fresh pool (CUDA and NCCL start-up included). The pool calls most
@@ -47,7 +48,8 @@ def classify(outcome: CaseOutcome, records: Sequence[Comparison]) -> Classified:
     A deadline or a library timeout is a hang; a rank killed by a signal is an abort; the
     ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` wrapper's error is a collective mismatch (with each
     rank's operation, sequence number and shape); a run that finished with any comparison
-    off the reference is silent corruption.
+    off the reference is silent corruption; an error that names a parameter and says its
+    gradient is on some ranks only (``ShardedMuon``'s agreement check) is a refusal.
     """
     failure, secs = outcome.failure, outcome.seconds
     if failure is None:
@@ -80,7 +82,15 @@ def classify(outcome: CaseOutcome, records: Sequence[Comparison]) -> Classified:
         return Classified("collective mismatch", named or _reason(failure.message), secs, tuple(collectives))
     if "Timed out" in failure.message or "timeout" in failure.message.lower():
         return Classified("hang", f"rank {failure.rank}: {_reason(failure.message)}", secs)
+    refusal = _REFUSAL.search(failure.message)
+    if refusal:
+        return Classified("refused", f"rank {failure.rank}: {refusal.group(0)}", secs)
     return Classified("error", f"rank {failure.rank}: {_reason(failure.message)}", secs)
+
+
+_REFUSAL = re.compile(
+    r"ValueError: parameter '[^']+' \(shape [^)]*\)[^\n]* has a gradient on \d+ of the \d+ ranks[^\n]*"
+)
 
 
 def _reason(text: str) -> str:

@@ -137,6 +137,22 @@ class Ran:
         return "\n".join(lines)
 
 
+def robust_finding(ran: Ran) -> tuple[str | None, str]:
+    """A robustness verdict: ``(None, why it passed)``, or the kind of finding and its message.
+    An error that names a parameter of the case (quoted, as ``repr`` gives it) is a clear
+    refusal and passes; any other error, a hang, an abort or a difference fails."""
+    failure = ran.outcome.failure
+    if failure is None:
+        return (None, "") if ran.message is None else (ran.kind, ran.message)
+    text = failure.describe()
+    if failure.status != "error":
+        return failure.status, text
+    named = [p.name for p in ran.case.params if repr(p.name) in text or f'"{p.name}"' in text]
+    if named:
+        return None, f"refused with an error naming {named}: {failure.headline()}"
+    return "error", f"{text}\nthe error names no parameter of the case"
+
+
 @dataclass(repr=False)
 class GateRunner:
     """Runs cases for gates; one per pytest session (see ``harness.plugin``)."""
@@ -257,7 +273,11 @@ class GateRunner:
             narrowed = [*self._resolve(case).narrowed, *self.impl.overridden(case)]
             if narrowed:
                 pytest.skip(f"{gate}: not run: narrowed for {self.impl.spec}: {'; '.join(narrowed)}")
-        ran = self.run(case, task=task)
+        return self._verdict(gate, self.run(case, task=task))
+
+    def _verdict(self, gate: str, ran: Ran) -> Ran:
+        """Writes a case that ran with its verdict; fails the test unless every comparison passed."""
+        __tracebackhide__ = True
         message = ran.message
         described = ran.case.describe()
         failure = ran.outcome.failure
@@ -285,6 +305,23 @@ class GateRunner:
         )
         if message is not None:
             fail(self._failure(gate, message, described), ran.kind)
+        return ran
+
+    def withstands(self, gate: str, case: Case) -> Ran:
+        """A robustness case: it passes if the candidate computes the reference, or refuses the
+        input with an error that names the parameter (quoted, as ``repr`` gives it) on the
+        ranks that fail; a hang, an abort, another error, or a silent difference fails it."""
+        __tracebackhide__ = True
+        ran = self.run(case)
+        failure = ran.outcome.failure
+        if failure is None or failure.status != "error":
+            return self._verdict(gate, ran)
+        kind, message = robust_finding(ran)
+        self._record(
+            gate, ran.case.describe(), ran.status if kind else "passed", message, ran.outcome.seconds, case=ran.case
+        )
+        if kind is not None:
+            fail(self._failure(gate, message, ran.case.describe()), kind)
         return ran
 
     def finished(self, nodeid: str, failed: bool) -> None:

@@ -17,8 +17,14 @@ The contract, for ``FACTORY``:
     never compared silently;
   - ``muongate_max_world``: the largest world size it supports (default: any);
   - ``muongate_features``: which of ``"adamw"``, ``"experts"`` (3-D parameters),
-    ``"bf16"``, ``"checkpoint"``, ``"no_grad"`` it supports (default: all). Cases are
-    narrowed to these, not rejected.
+    ``"bf16"``, ``"checkpoint"`` it supports (default: all). Cases are narrowed to
+    these, not rejected, and every narrowing is reported. (A parameter without a
+    gradient is not a feature: every candidate meets one, and the robustness gates hold
+    it to leaving that parameter exactly as it was.)
+  - ``muongate_single_device``: a factory of the same contract for plain (not
+    DTensor) parameters on one device, its own single-device counterpart, which
+    ``--against self`` compares it with; without it, the candidate itself runs on a
+    one-rank FSDP2 mesh.
 * its ``state[p]`` may hold ``momentum_buffer`` (and ``exp_avg``, ``exp_avg_sq``) with
   the parameter's layout; those are compared too when present.
 """
@@ -31,7 +37,7 @@ from typing import Any
 from harness.candidates.loading import load_declared
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
 
-FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "no_grad"})
+FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint"})
 
 
 class UnsupportedConvention(Exception):
@@ -165,7 +171,4 @@ class Impl:
         if p.dtype == "bfloat16" and "bf16" not in self.features:
             notes.append(f"{p.name} bfloat16 → float32 (bf16 not declared)")
             p = p._replace(dtype="float32")
-        if p.grad in ("none", "every_other") and "no_grad" not in self.features:
-            notes.append(f"{p.name} grad={p.grad} → normal (no_grad not declared)")
-            p = p._replace(grad="normal")
         return p

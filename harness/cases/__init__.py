@@ -1,7 +1,7 @@
 """Cases (what one example is), the strategies that draw them, and the tensors they are made of."""
 
 from harness.cases.case import Case, KernelCase, ParamSpec, candidate_name, optimizer_settings, stored_setting
-from harness.cases.strategies import cases, matrix_shapes, muon_settings
+from harness.cases.strategies import cases, matrix_shapes, muon_settings, norm_tie_cases
 
 __all__ = [
     "Case",
@@ -11,6 +11,7 @@ __all__ = [
     "cases",
     "matrix_shapes",
     "muon_settings",
+    "norm_tie_cases",
     "optimizer_settings",
     "stored_setting",
 ]

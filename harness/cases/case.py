@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from harness.candidates.kernel import Kernel
 
 DType = Literal["float32", "bfloat16"]
-GradKind = Literal["normal", "zero", "none", "every_other"]
+GradKind = Literal["normal", "zero", "none", "every_other", "norm_boundary", "rank_asymmetric"]
 Mode = Literal["all_ranks", "owner_split"]
 KernelInput = Literal["gaussian", "spectrum", "zero", "rank_deficient", "huge", "tiny", "nan", "inf"]
 

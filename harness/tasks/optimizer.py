@@ -132,9 +132,15 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
         for i, spec in enumerate(case.params):
             g = gradient(spec, case.seed, i, step)
             g = None if g is None else g.to(device)
+            mine = g
+            if g is not None and spec.grad == "rank_asymmetric":
+                g, mine = _on_rank_zero_only(ctx, g, model.get_parameter(spec.name))
             ref_by_name[spec.name].grad = g
-            for m in (model,) if twin is None else (model, twin[0]):
-                p = m.get_parameter(spec.name)
+            model.get_parameter(spec.name).grad = (
+                None if mine is None else shard_like(mine, model.get_parameter(spec.name))
+            )
+            if twin is not None:
+                p = twin[0].get_parameter(spec.name)
                 p.grad = None if g is None else shard_like(g, p)
         phases.lap("inputs")
         ref.step()
@@ -167,6 +173,18 @@ def _compare_step(
 ) -> list[Comparison]:
     pairs = ((s.name, ref_by_name[s.name], model.get_parameter(s.name)) for s in case.params)
     return compare_params_and_state(pairs, ref, opt, step=step, rank=rank)
+
+
+def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, Tensor | None]:
+    """A gradient only rank 0 has (``grad="rank_asymmetric"``): the full gradient a reference
+    sees if the missing pieces count as zeros, and this rank's gradient (``None`` off rank 0).
+    The pieces are laid out by DTensor itself; every rank joins the one gather."""
+    if not isinstance(p, DTensor) or ctx.world_size == 1:
+        return g, g
+    piece = distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None).to_local()
+    kept = piece if ctx.rank == 0 else torch.zeros_like(piece)
+    full = DTensor.from_local(kept, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()).full_tensor()
+    return full, (g if ctx.rank == 0 else None)
 
 
 def _compare_twin(
