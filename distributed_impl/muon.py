@@ -44,8 +44,8 @@ Orthogonalizer = Callable[..., Tensor]
 class ShardedMuon(Muon):
     """Muon for sharded hidden matrices and AdamW for the rest; same settings as ``reference.Muon``.
 
-    Parameters must be DTensors from ``fully_shard`` (or ``distribute_tensor``) with
-    ``(Shard(0),)`` on a 1-D mesh or ``(Replicate(), Shard(0))`` on a 2-D HSDP mesh.
+    Parameters must be DTensors (from ``fully_shard``, ``parallelize_module`` or
+    ``distribute_tensor``) with any placements but ``Partial`` (``placement``).
     Param groups may carry ``param_names`` (as ``named_parameters`` gives them) for errors.
 
     ``mode``: ``"all_ranks"`` (every rank orthogonalizes every matrix; easiest to audit)
@@ -134,21 +134,24 @@ class ShardedMuon(Muon):
             scaled_lr = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])  # the global shape
             apply_update(p.to_local(), ortho, group["lr"], group["weight_decay"], scaled_lr)
 
-        gathered = [p for p in params if placement.needs_gather(p)]
-        whole = [p for p in params if not placement.needs_gather(p)]  # shards of whole expert matrices
-        for p in whole if self.mode == "owner_split" else whole + gathered:
+        # owner_split exchanges the row layouts; any other layout is gathered on every rank.
+        split = [p for p in params if placement.needs_gather(p)]
+        exchanged = [p for p in split if self.mode == "owner_split" and placement.exchangeable(p)]
+        gathered = [p for p in split if not (self.mode == "owner_split" and placement.exchangeable(p))]
+        whole = [p for p in params if not placement.needs_gather(p)]  # whole matrices on every rank
+        for p in whole + gathered:
             update = _empty_local(p, dtype)
             produce(p, update)
             if placement.needs_gather(p):
                 apply(p, placement.local_rows(ns(placement.gather_full(update, p)), p))
             else:
                 apply(p, ns(update))
-        if self.mode == "owner_split":
+        if exchanged:
             self._exchange.run(
-                gathered,
-                lambda k, out: produce(gathered[k], out),
+                exchanged,
+                lambda k, out: produce(exchanged[k], out),
                 self._batching.orthogonalizer(group, self.orthogonalize_fn),
-                lambda k, rows: apply(gathered[k], rows),
+                lambda k, rows: apply(exchanged[k], rows),
                 dtype=dtype,
             )
 

@@ -1,17 +1,21 @@
 """Where every row of every matrix lives: the only module here that reads a
 ``DeviceMesh`` or a ``Placement``.
 
-Parameters come from FSDP2 (``fully_shard``) as DTensors sharded on dim 0 over the last
-mesh dimension: ``(Shard(0),)`` on a 1-D mesh, ``(Replicate(), Shard(0))`` on a 2-D HSDP
-mesh. Shards follow ``torch.chunk``: with ``n`` rows on ``S`` ranks every shard has
-``ceil(n / S)`` rows except the last non-empty one, and ranks past ``n`` hold 0 rows.
+Parameters are DTensors on any mesh, with any placements but ``Partial``: FSDP2's
+``(Shard(0),)`` on a 1-D mesh and ``(Replicate(), Shard(0))`` on a 2-D HSDP mesh; tensor
+parallel's ``(Shard(0),)`` (colwise) and ``(Shard(1),)`` (rowwise); FSDP2 over TP's
+``(_StridedShard(0, sf), Shard(0))`` and ``(Shard(0), Shard(1))``; ``Replicate()``. Shards
+follow ``torch.chunk``: with ``n`` rows on ``S`` ranks every shard has ``ceil(n / S)`` rows
+except the last non-empty one, and ranks past ``n`` hold 0 rows.
 
-Two ways to get a full matrix to Newton–Schulz and its rows back:
+Two ways to get a full matrix to Newton–Schulz and its piece back:
 
 * ``gather_full`` / ``local_rows``: every rank gathers every matrix (DTensor's own
-  ``full_tensor``), orthogonalizes it, keeps its rows. Simple to audit.
+  ``full_tensor``), orthogonalizes it, keeps its piece (DTensor's own ``redistribute``
+  from ``Replicate``). Any layout; simple to audit.
 * ``distributed_impl.exchange.OwnerExchange``: each matrix has one owner rank; rows
-  travel point to point to the owner and back (that module owns who owns what).
+  travel point to point to the owner and back (that module owns who owns what). Only
+  for the row layouts (``exchangeable``).
 
 Both move tensors in the dtype Newton–Schulz runs in, which the reference casts to first
 anyway, so the bits are the reference's.
@@ -25,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 
 def describe(name: str, p: Tensor) -> str:
@@ -38,13 +43,11 @@ def check_layout(name: str, p: Tensor, *, matrix: bool) -> None:
     """Raises a ``TypeError``/``ValueError`` naming the parameter unless its layout is supported."""
     if not isinstance(p, DTensor):
         raise TypeError(f"{describe(name, p)}: expected a DTensor from fully_shard or distribute_tensor")
-    mesh = p.device_mesh
-    placements = tuple(p.placements)
-    ok = (mesh.ndim == 1 and placements == (Shard(0),)) or (mesh.ndim == 2 and placements == (Replicate(), Shard(0)))
-    if not ok:
+    unsupported = [pl for pl in p.placements if not isinstance(pl, (Shard, _StridedShard, Replicate))]
+    if unsupported:
         raise ValueError(
-            f"{describe(name, p)}: supported layouts are (Shard(0),) on a 1-D mesh and "
-            "(Replicate(), Shard(0)) on a 2-D HSDP mesh"
+            f"{describe(name, p)}: {unsupported} is not a layout of a parameter; supported are Shard, "
+            "_StridedShard and Replicate on any mesh"
         )
     if matrix and p.ndim not in (2, 3):
         raise ValueError(
@@ -65,9 +68,19 @@ def chunk_rows(n: int, shards: int) -> list[int]:
     return [max(0, min(size, n - i * size)) for i in range(shards)]
 
 
+def exchangeable(p: DTensor) -> bool:
+    """A row layout the owner exchange moves: ``(Shard(0),)`` or ``(Replicate(), Shard(0))``."""
+    placements = tuple(p.placements)
+    return placements == (Shard(0),) or placements == (Replicate(), Shard(0))
+
+
 def needs_gather(p: DTensor) -> bool:
-    """A 3-D expert stack sharded on the expert dim holds whole matrices: no gather needed."""
-    return p.ndim == 2
+    """Whether this rank's piece lacks part of some matrix: not where every placement is
+    ``Replicate``, nor for a 3-D expert stack split only on its expert dim (whole matrices)."""
+    split = [pl for pl in p.placements if not isinstance(pl, Replicate)]
+    if p.ndim == 3:
+        return any(pl.dim != 0 for pl in split)  # type: ignore[attr-defined]
+    return bool(split)
 
 
 def gather_full(local: Tensor, p: DTensor) -> Tensor:

@@ -16,7 +16,8 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from reference import (
     Muon,
@@ -199,6 +200,53 @@ class DecayAfterUpdateMuon(PlantedMuon):
             p = local.float()
             p.mul_(1 - group["lr"] * group["weight_decay"])
             local.copy_(p)
+
+
+# -- layouts: the bugs of tensor-parallel and FSDP2 × TP Muons -------------------------
+class LocalColumnsMuon(PlantedMuon):
+    """Orthogonalizes a row-wise tensor-parallel weight (``Shard(1)``) on its local columns
+    only: Newton–Schulz on the local TP piece instead of the full matrix."""
+
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        if any(isinstance(pl, Shard) and pl.dim == 1 for pl in p.placements) and update.numel():
+            return ns(update)
+        return super().orthogonalized_piece(update, p, ns)
+
+
+class StridedOrderMuon(PlantedMuon):
+    """Gathers an FSDP2 × TP weight (``_StridedShard``) as if it were plainly sharded, so its
+    rows come together in another order than the one they are scattered back in."""
+
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        plain = [Shard(pl.dim) if isinstance(pl, _StridedShard) else pl for pl in p.placements]
+        full = DTensor.from_local(update, p.device_mesh, plain, shape=p.shape, stride=p.stride()).full_tensor()
+        return _piece(ns(full), p)
+
+
+class FirstReplicaMuon(PlantedMuon):
+    """Applies a replicated weight's update on the first replica only: the others keep their
+    old bits, so the replicas of a ``Replicate`` dim drift apart."""
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        self._replica = [
+            dp.device_mesh.get_local_rank(i)
+            for dp in [cast(DTensor, p)]
+            for i, pl in enumerate(dp.placements)
+            if isinstance(pl, Replicate)
+        ]
+        super()._muon_step(p, grad, state, group)
+
+    def apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
+        if not any(self._replica):
+            super().apply(local, ortho, group, scaled_lr)
+
+
+#: the layout gate's negative controls, and the fewest ranks each needs to show
+LAYOUT_CONTROLS: dict[str, tuple[type[PlantedMuon], int]] = {
+    "LocalColumnsMuon": (LocalColumnsMuon, 2),
+    "FirstReplicaMuon": (FirstReplicaMuon, 2),
+    "StridedOrderMuon": (StridedOrderMuon, 4),
+}
 
 
 # -- robustness: each fails one scenario of ``test_robustness_gates.py`` the way users report --

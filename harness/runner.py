@@ -507,7 +507,7 @@ class GateRunner:
         own = getattr(case, "candidate", None)
         if own is None or (self.impl is not None and own is self.impl.factory):
             return self.subject
-        return candidate_name(own)
+        return candidate_name(own).rpartition(":")[2]
 
     def _resolve(self, case: Any) -> Any:
         if self.kernel is not None and isinstance(case, Case) and case.kernel is None:

@@ -203,7 +203,7 @@ def gate_row(g: GateSummary) -> tuple[str, ...]:
     return (
         g.gate,
         ", ".join(sorted(g.judged)) or "–",
-        ",".join(sorted(g.tiers)) or "–",
+        ", ".join(sorted(g.tiers)) or "–",
         f"{g.cases} ({g.narrowed_cases} narrowed)" if g.narrowed_cases else str(g.cases),
         ", ".join(f"{n} {status}" for status, n in g.statuses.most_common()) if g.statuses else str(g.failed_cases),
         _verdicts(g),

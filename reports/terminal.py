@@ -29,10 +29,10 @@ def _table(heading: str, columns: tuple[str, ...], left: set[str], *, wide: str 
     for col in columns:
         if col == wide:  # names are shown whole: a cut name points at nothing
             table.add_column(col, no_wrap=True, min_width=width)
-        elif col in left:
-            table.add_column(col, no_wrap=True)
+        elif col in left:  # words: folded onto more lines before any figure is cut
+            table.add_column(col, overflow="fold", min_width=min(9, len(col) + 2))
         else:
-            table.add_column(col, justify="right", no_wrap=True)
+            table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     return table
 
 

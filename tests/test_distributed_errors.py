@@ -12,12 +12,9 @@ def test_bad_parameters_are_named_with_shape_placement_and_rank():
         outcome = pool.run(selftest_tasks.sharded_muon_errors)
     assert outcome.ok, outcome.failure and outcome.failure.describe()
     for rank, errors in enumerate(outcome.results):
-        plain, replicated, colsharded, bias = errors
+        plain, partial, bias = errors
         assert plain.startswith("TypeError: parameter 'plain' of shape (3, 3) with placements plain tensor")
         assert f"on rank {rank}" in plain and "expected a DTensor" in plain
-        assert replicated.startswith(
-            "ValueError: parameter 'replicated' of shape (6, 4) with placements (Replicate(),)"
-        )
-        assert "supported layouts" in replicated
-        assert "(Shard(dim=1),)" in colsharded
+        assert partial.startswith("ValueError: parameter 'partial' of shape (6, 4) with placements (Partial(sum),)")
+        assert "not a layout of a parameter" in partial
         assert bias.startswith("ValueError: parameter 'bias' of shape (8,)") and "use_muon=False" in bias

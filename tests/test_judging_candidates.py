@@ -183,7 +183,7 @@ def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None
     base = Case(params=(ParamSpec("w", (4, 4)),))
     changed: dict[str, Any] = {
         "seed": 3, "world_size": 2, "mesh": (2, 1), "steps": 2, "mode": "owner_split",
-        "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True,
+        "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True, "tp": 2,
         "candidate": Impl,
     }  # fmt: skip
     shown = {f.name for f in dataclasses.fields(Case) if f.compare} - {"params"}
@@ -191,7 +191,11 @@ def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None
     for name, value in changed.items():
         assert dataclasses.replace(base, **{name: value}).describe() != base.describe(), name
     spec = base.params[0]
-    for name, value in {"dtype": "bfloat16", "use_muon": False, "grad": "zero", "grad_scale": 1e-8}.items():
+    params = {"dtype": "bfloat16", "use_muon": False, "grad": "zero", "grad_scale": 1e-8, "style": "rowwise"}
+    assert set(params) == set(ParamSpec._fields) - {"name", "shape"}, (
+        "a new ParamSpec field needs a place in describe()"
+    )
+    for name, value in params.items():
         other = dataclasses.replace(base, params=(spec._replace(**{name: value}),))
         assert other.describe() != base.describe(), name
     assert "grad_scale=1e-08" in dataclasses.replace(base, params=(spec._replace(grad_scale=1e-8),)).describe()

@@ -4,8 +4,9 @@ The contract, for ``FACTORY``:
 
 * it is called as ``FACTORY(param_groups, **settings)`` and returns a
   ``torch.optim.Optimizer``. ``param_groups`` is a list of dicts with ``params`` (FSDP2
-  DTensor parameters, ``(Shard(0),)`` on a 1-D mesh; also on a 1-rank mesh at world
-  size 1), ``param_names`` and ``use_muon`` (Muon for hidden matrices, AdamW otherwise).
+  DTensor parameters, ``(Shard(0),)`` on a 1-D mesh, also on a 1-rank mesh at world size
+  1; and the layouts it declares in ``muongate_layouts``, as those layouts' DTensors),
+  ``param_names`` and ``use_muon`` (Muon for hidden matrices, AdamW otherwise).
   ``settings`` are ``reference.Muon``'s keywords: ``lr, weight_decay, momentum,
   nesterov, ns_steps, eps`` and the convention settings;
 * it may declare, as attributes:
@@ -21,6 +22,11 @@ The contract, for ``FACTORY``:
     these, not rejected, and every narrowing is reported. (A parameter without a
     gradient is not a feature: every candidate meets one, and the robustness gates hold
     it to leaving that parameter exactly as it was.)
+  - ``muongate_layouts``: which layouts beyond FSDP2's it takes, of ``"hsdp"`` (a 2-D
+    ``(replicate, shard)`` mesh), ``"tp"`` (tensor parallel alone: ``parallelize_module``'s
+    ``Shard(0)``, ``Shard(1)``, ``Replicate()`` on a 1-D mesh) and ``"fsdp_tp"`` (TP, then
+    ``fully_shard`` on a ``dp`` dim: ``_StridedShard``); default none. Cases of other
+    layouts are narrowed to FSDP2 on a 1-D mesh, and the layout gate skips;
   - ``muongate_single_device``: a factory of the same contract for plain (not
     DTensor) parameters on one device, its own single-device counterpart, which
     ``--against self`` compares it with; without it, the candidate itself runs on a
@@ -38,6 +44,7 @@ from harness.candidates.loading import load_declared
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
 
 FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint"})
+LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp"})
 
 
 class UnsupportedConvention(Exception):
@@ -68,6 +75,7 @@ class Impl:
     max_world: int | None = None
     features: frozenset[str] = FEATURES
     inexpressible: tuple[str, ...] = ()
+    layouts: frozenset[str] = frozenset()
 
     @classmethod
     def load(cls, spec: str) -> Impl:
@@ -79,6 +87,11 @@ class Impl:
             raise ValueError(
                 f"--impl {spec}: unknown muongate_features {sorted(unknown_features)}; known: {sorted(FEATURES)}"
             )
+        layouts = frozenset(getattr(factory, "muongate_layouts", ()))
+        if layouts - LAYOUTS:
+            raise ValueError(
+                f"--impl {spec}: unknown muongate_layouts {sorted(layouts - LAYOUTS)}; known: {sorted(LAYOUTS)}"
+            )
         conventions = {k: stored_setting(k, v) for k, v in declared.items()}
         return cls(
             spec,
@@ -87,6 +100,7 @@ class Impl:
             getattr(factory, "muongate_max_world", None),
             features,
             tuple(_inexpressible(conventions)),
+            layouts,
         )
 
     def _check_expressible(self) -> None:
@@ -114,8 +128,12 @@ class Impl:
         world = case.world_size if self.max_world is None else min(case.world_size, self.max_world)
         if world != case.world_size:
             notes.append(f"world {case.world_size} → {world} (muongate_max_world {self.max_world})")
-        if case.mesh != (case.world_size,):
-            notes.append(f"mesh {list(case.mesh)} → [{world}] (the contract hands a candidate 1-D meshes)")
+        layout = self._layout(case)
+        flat = layout not in self.layouts or world != case.world_size
+        if case.mesh != (case.world_size,) and flat:
+            notes.append(f"mesh {list(case.mesh)} → [{world}] ({layout} not declared in muongate_layouts)")
+        if case.tp > 1 and flat:
+            notes.append(f"tp {case.tp} → FSDP2 alone ({layout} not declared in muongate_layouts)")
         settings = dict(case.settings)
         checkpoint = case.checkpoint_after if "checkpoint" in self.features else None
         if checkpoint != case.checkpoint_after:
@@ -126,7 +144,8 @@ class Impl:
             candidate=self.factory,
             mode=None,
             world_size=world,
-            mesh=(world,),
+            mesh=(world,) if flat else case.mesh,
+            tp=1 if flat else case.tp,
             settings=tuple({**settings, **dict(self.conventions)}.items()),
             checkpoint_after=checkpoint,
             narrowed=case.narrowed + tuple(notes),
@@ -141,9 +160,15 @@ class Impl:
             if key in declared and stored_setting(key, value) != declared[key]
         ]
 
+    @staticmethod
+    def _layout(case: Case) -> str:
+        if case.tp > 1:
+            return "tp" if case.tp == case.world_size else "fsdp_tp"
+        return "hsdp" if len(case.mesh) > 1 else "fsdp"
+
     def missing(self, features: set[str]) -> list[str]:
-        """Which of ``features`` (and ``"world"``: more than one rank) this candidate did not declare."""
-        gone = sorted(features & FEATURES - self.features)
+        """Which of ``features``, layouts, and ``"world"`` (more than one rank) this candidate did not declare."""
+        gone = sorted(features & FEATURES - self.features) + sorted(features & LAYOUTS - self.layouts)
         if "world" in features and self.max_world is not None and self.max_world < 2:
             gone.append("world")
         return gone

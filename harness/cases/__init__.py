@@ -1,7 +1,7 @@
 """Cases (what one example is), the strategies that draw them, and the tensors they are made of."""
 
 from harness.cases.case import Case, KernelCase, ParamSpec, candidate_name, optimizer_settings, stored_setting
-from harness.cases.strategies import cases, matrix_shapes, muon_settings, norm_tie_cases
+from harness.cases.strategies import cases, layout_cases, matrix_shapes, muon_settings, norm_tie_cases
 
 __all__ = [
     "Case",
@@ -9,6 +9,7 @@ __all__ = [
     "ParamSpec",
     "candidate_name",
     "cases",
+    "layout_cases",
     "matrix_shapes",
     "muon_settings",
     "norm_tie_cases",

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 DType = Literal["float32", "bfloat16"]
 GradKind = Literal["normal", "zero", "none", "every_other", "norm_boundary", "rank_asymmetric"]
 Mode = Literal["all_ranks", "owner_split"]
+#: how a matrix is laid out under tensor parallelism (``Case.tp > 1``): ``parallelize_module``'s
+#: ``ColwiseParallel`` (``Shard(0)``) or ``RowwiseParallel`` (``Shard(1)``), or replicated
+Style = Literal["colwise", "rowwise", "replicate"]
 KernelInput = Literal["gaussian", "spectrum", "zero", "rank_deficient", "huge", "tiny", "nan", "inf"]
 
 BUILT_IN = "distributed_impl:ShardedMuon"
@@ -72,10 +75,12 @@ class ParamSpec(NamedTuple):
     use_muon: bool = True
     grad: GradKind = "normal"
     grad_scale: float = 1.0
+    style: Style = "colwise"
 
     def describe(self) -> str:
         extras = [
             "" if self.use_muon else "adamw",
+            "" if self.style == "colwise" else self.style,
             "" if self.grad == "normal" else f"grad={self.grad}",
             "" if self.grad_scale == 1.0 else f"grad_scale={self.grad_scale:g}",
         ]
@@ -98,6 +103,10 @@ class Case:
     kernel: str | None = None
     #: also run the candidate on one device and compare with that (``--against self``)
     self_reference: bool = False
+    #: tensor-parallel ranks: 1 is FSDP2 alone on ``mesh``; ``world_size`` is tensor
+    #: parallel alone on a 1-D ``tp`` mesh; in between, ``mesh`` is ``(dp, tp)``, TP on
+    #: ``tp`` (each matrix by its ``style``), then ``fully_shard`` on ``dp``
+    tp: int = 1
     label: str = field(default="", compare=False)
     #: what ``Impl.adapt`` changed to fit the candidate's declarations, one note each
     narrowed: tuple[str, ...] = field(default=(), compare=False)
@@ -114,6 +123,8 @@ class Case:
         parts = [", ".join(p.describe() for p in self.params), f"world {self.world_size}"]
         if self.mesh != (self.world_size,):
             parts.append(f"mesh {list(self.mesh)}")
+        if self.tp > 1:
+            parts.append(f"tp {self.tp}")
         parts.append(f"{self.steps} step{'s' if self.steps != 1 else ''}")
         if self.mode not in (None, "all_ranks"):
             parts.append(str(self.mode))

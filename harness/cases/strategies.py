@@ -12,7 +12,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec
+from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec, Style
 
 
 def _check_bounds(name_lo: str, lo: int, name_hi: str, hi: int) -> None:
@@ -166,3 +166,50 @@ def _on_norm_ties(case: Case) -> Case:
     params = tuple(p._replace(grad="norm_boundary") for p in case.params)
     settings = {**dict(case.settings), "momentum": 0.0, "ns_dtype": "bfloat16"}
     return replace(case, params=params, settings=tuple(settings.items()))
+
+
+_STYLES: st.SearchStrategy[Style] = st.sampled_from(["colwise", "rowwise", "replicate"])
+
+
+def layout_cases(*, max_world: int = 2, max_params: int = 3, max_steps: int = 3) -> st.SearchStrategy[Case]:
+    """Cases laid out as users lay out tensor parallelism: ``tp`` ranks of ``parallelize_module``
+    (each matrix ``ColwiseParallel``, ``RowwiseParallel`` or replicated) alone on a 1-D mesh,
+    or, with four ranks or more, under ``fully_shard`` on a ``dp`` dim of 2 (FSDP2 × TP, which
+    gives ``_StridedShard``). Shapes are drawn for the TP split, so rows or columns are often
+    not divisible by it, and some ranks hold empty pieces. Shrinks towards FSDP2 alone on
+    one rank (``tp`` 1), then pure TP on two ranks, colwise."""
+    if max_world < 1:
+        raise ValueError(f"max_world={max_world} must be at least 1")
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        world = draw(st.integers(1, max_world))
+        options: list[tuple[int, tuple[int, ...]]] = [(1, (world,))]
+        if world > 1:
+            options.append((world, (world,)))
+        if world >= 4 and world % 2 == 0:
+            options.append((world // 2, (2, world // 2)))
+        tp, mesh = draw(st.sampled_from(options))
+        shapes = matrix_shapes(max_side=24, world_size=max(tp, 1))
+        params = tuple(
+            ParamSpec(
+                f"w{i}",
+                draw(shapes),
+                draw(st.sampled_from(["float32", "bfloat16"])),
+                grad=draw(_GRAD_KINDS) if i else "normal",
+                style=draw(_STYLES),
+            )
+            for i in range(draw(st.integers(1, max_params)))
+        )
+        return Case(
+            params=params,
+            seed=draw(_SEEDS),
+            world_size=world,
+            mesh=mesh,
+            steps=draw(st.integers(1, max_steps)),
+            mode=draw(_MODES),
+            settings=draw(muon_settings()),
+            tp=tp,
+        )
+
+    return draw_case()

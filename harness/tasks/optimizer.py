@@ -40,10 +40,29 @@ from reports.records import Comparison
 
 
 class _Holder(nn.Module):
-    def __init__(self, tensors: dict[str, Tensor]) -> None:
+    """The case's parameters, by name; under tensor parallelism each matrix is the weight of
+    an ``nn.Linear`` of its own (what ``parallelize_module`` takes)."""
+
+    def __init__(self, tensors: dict[str, Tensor], *, linears: bool = False) -> None:
         super().__init__()
+        self.paths: dict[str, str] = {}
         for name, t in tensors.items():
-            self.register_parameter(name, nn.Parameter(t.clone()))
+            if linears and t.ndim == 2:
+                linear = nn.Linear(t.shape[1], t.shape[0], bias=False, device=t.device, dtype=t.dtype)
+                with torch.no_grad():
+                    linear.weight.copy_(t)
+                self.add_module(name, linear)
+                self.paths[name] = f"{name}.weight"
+            else:
+                self.register_parameter(name, nn.Parameter(t.clone()))
+
+    def param(self, name: str) -> Tensor:
+        return self.get_parameter(self.paths.get(name, name))
+
+
+def case_param(model: nn.Module, name: str) -> Tensor:
+    """A case parameter of a model the task built (``_Holder``) or of the backward MLP."""
+    return model.param(name) if isinstance(model, _Holder) else model.get_parameter(name)
 
 
 def _groups(case: Case, params: Sequence[Tensor]) -> list[dict[str, Any]]:
@@ -61,7 +80,7 @@ def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
 
 
 def _candidate(case: Case, model: nn.Module, factory: Any = None) -> torch.optim.Optimizer:
-    params = [model.get_parameter(s.name) for s in case.params]
+    params = [case_param(model, s.name) for s in case.params]
     # Every reference setting, defaults included: a plug-in gets the whole configuration.
     kwargs = {k: v for k, v in {**reference.MUON_DEFAULTS, **case.settings_dict()}.items() if k != "use_muon"}
     if case.mode is not None:
@@ -71,11 +90,31 @@ def _candidate(case: Case, model: nn.Module, factory: Any = None) -> torch.optim
     return (factory or factory_of(case.candidate))(_groups(case, params), **kwargs)
 
 
-def _model(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None) -> nn.Module:
-    """The case's parameters in a module, ``fully_shard``-ed on ``mesh`` (``None``: left plain)."""
-    model = _Holder({s.name: t for s, t in zip(case.params, tensors, strict=True)})
-    if mesh is not None:
-        fully_shard(model, mesh=mesh)
+def build_model(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None, *, tp: bool = True) -> nn.Module:
+    """The case's parameters in a module laid out as users lay them out: ``fully_shard`` on
+    ``mesh`` (``None``: left plain); with ``case.tp > 1`` (and ``tp``), ``parallelize_module``
+    on the ``tp`` dim by each matrix's style, then ``fully_shard`` on ``dp`` where there is one."""
+    named = {s.name: t for s, t in zip(case.params, tensors, strict=True)}
+    if mesh is None or case.tp == 1 or not tp:
+        model = _Holder(named)
+        if mesh is not None:
+            fully_shard(model, mesh=mesh)
+        return model
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model = _Holder(named, linears=True)
+    tp_mesh = mesh["tp"] if mesh.ndim == 2 else mesh
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {s.name: styles[s.style]() for s in case.params if s.style in styles and s.name in model.paths}
+    parallelize_module(model, tp_mesh, plan)
+    for s in case.params:
+        if s.name not in plan:  # replicated over tp, as parallelize_module leaves what it does not shard
+            owner = model.get_submodule(s.name) if s.name in model.paths else model
+            leaf = "weight" if s.name in model.paths else s.name
+            t = getattr(owner, leaf)
+            owner.register_parameter(leaf, nn.Parameter(distribute_tensor(t.detach(), tp_mesh, [Replicate()])))
+    if mesh.ndim == 2:
+        fully_shard(model, mesh=mesh["dp"])
     return model
 
 
@@ -91,6 +130,11 @@ def _twin(
         return model, _candidate(case, model, single)
     model = build(DeviceMesh.from_group(ctx.solo_group, torch.device(ctx.device).type, mesh_dim_names=("shard",)))
     return model, _candidate(case, model)
+
+
+def _single(case: Case, tensors: list[Tensor]) -> Callable[[DeviceMesh | None], nn.Module]:
+    """How the twin builds the case's model: FSDP2 on its one-rank mesh, without the case's TP."""
+    return lambda mesh: build_model(case, tensors, mesh, tp=False)
 
 
 class _Phases:
@@ -120,12 +164,12 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
     device = torch.device(ctx.device)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
     phases.lap("inputs")
-    mesh = mesh_for(ctx, case.mesh)
+    mesh = mesh_for(ctx, case.mesh, tp=case.tp > 1)
     ref = _reference(case, tensors)
     ref_by_name = _by_name(ref)
-    model = _model(case, tensors, mesh)
+    model = build_model(case, tensors, mesh)
     opt = _candidate(case, model)
-    twin = _twin(ctx, case, lambda m: _model(case, tensors, m)) if case.self_reference else None
+    twin = _twin(ctx, case, _single(case, tensors)) if case.self_reference else None
     phases.lap("set-up (mesh, fully_shard, optimizers)")
     records: list[Comparison] = []
     for step in range(case.steps):
@@ -134,13 +178,12 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
             g = None if g is None else g.to(device)
             mine = g
             if g is not None and spec.grad == "rank_asymmetric":
-                g, mine = _on_rank_zero_only(ctx, g, model.get_parameter(spec.name))
+                g, mine = _on_rank_zero_only(ctx, g, case_param(model, spec.name))
             ref_by_name[spec.name].grad = g
-            model.get_parameter(spec.name).grad = (
-                None if mine is None else shard_like(mine, model.get_parameter(spec.name))
-            )
+            p = case_param(model, spec.name)
+            p.grad = None if mine is None else shard_like(mine, p)
             if twin is not None:
-                p = twin[0].get_parameter(spec.name)
+                p = case_param(twin[0], spec.name)
                 p.grad = None if g is None else shard_like(g, p)
         phases.lap("inputs")
         ref.step()
@@ -171,7 +214,7 @@ def _compare_step(
     opt: torch.optim.Optimizer,
     model: nn.Module,
 ) -> list[Comparison]:
-    pairs = ((s.name, ref_by_name[s.name], model.get_parameter(s.name)) for s in case.params)
+    pairs = ((s.name, ref_by_name[s.name], case_param(model, s.name)) for s in case.params)
     return compare_params_and_state(pairs, ref, opt, step=step, rank=rank)
 
 
@@ -197,7 +240,7 @@ def _compare_twin(
 ) -> list[Comparison]:
     """This rank's pieces against the candidate's own single-device result (``against="self"``)."""
     twin_model, twin_opt = twin
-    pairs = ((s.name, twin_model.get_parameter(s.name), model.get_parameter(s.name)) for s in case.params)
+    pairs = ((s.name, case_param(twin_model, s.name), case_param(model, s.name)) for s in case.params)
     return [
         dataclasses.replace(c, against="self")
         for c in compare_params_and_state(pairs, twin_opt, opt, step=step, rank=rank)
@@ -229,7 +272,7 @@ def _round_trip(
     saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
     dcp.save(saved, checkpoint_id=path, process_group=ctx.group)
     zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=ctx.device) for s in case.params]
-    fresh = _model(case, zeros, mesh)
+    fresh = build_model(case, zeros, mesh)
     fresh_opt = _candidate(case, fresh)
     state: dict[str, Any] = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
     # A parameter that never had a gradient has no optimizer state in the checkpoint, while
@@ -332,7 +375,7 @@ def run_backward_case(ctx: RankContext, case: Case) -> TaskResult:
             full = grad.full_tensor() if isinstance(grad, DTensor) else grad
             ref_by_name[spec.name].grad = full
             if twin is not None:
-                p = twin[0].get_parameter(spec.name)
+                p = case_param(twin[0], spec.name)
                 p.grad = None if full is None else shard_like(full, p)
         ref.step()
         opt.step()
@@ -352,11 +395,11 @@ def run_spectrum_case(ctx: RankContext, case: Case) -> TaskResult:
     gathered with DTensor's own ``full_tensor`` (every rank takes part)."""
     device = torch.device(ctx.device)
     spec = case.params[0]
-    model = _model(
+    model = build_model(
         case, [torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=device)], mesh_for(ctx, case.mesh)
     )
     opt = _candidate(case, model)
-    p = model.get_parameter(spec.name)
+    p = case_param(model, spec.name)
     g = spectrum_matrix(spec.shape[0], spec.shape[1], generator(case.seed)).to(getattr(torch, spec.dtype))
     p.grad = shard_like(g.to(device), p)
     opt.step()

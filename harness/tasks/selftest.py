@@ -54,7 +54,7 @@ def sharded_muon_errors(ctx: RankContext, payload: Any) -> list[str]:
     """Builds ShardedMuon from bad inputs; returns each error's type and message."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
 
     from distributed_impl import ShardedMuon
 
@@ -64,14 +64,8 @@ def sharded_muon_errors(ctx: RankContext, payload: Any) -> list[str]:
         [{"params": [good, torch.nn.Parameter(torch.zeros(3, 3))], "param_names": ["good", "plain"]}],
         [
             {
-                "params": [torch.nn.Parameter(distribute_tensor(torch.zeros(6, 4), mesh, [Replicate()]))],
-                "param_names": ["replicated"],
-            }
-        ],
-        [
-            {
-                "params": [torch.nn.Parameter(distribute_tensor(torch.zeros(6, 4), mesh, [Shard(1)]))],
-                "param_names": ["colsharded"],
+                "params": [torch.nn.Parameter(DTensor.from_local(torch.zeros(6, 4), mesh, [Partial()]))],
+                "param_names": ["partial"],
             }
         ],
         [
@@ -89,6 +83,19 @@ def sharded_muon_errors(ctx: RankContext, payload: Any) -> list[str]:
         except (TypeError, ValueError) as e:
             errors.append(f"{type(e).__name__}: {e}")
     return errors
+
+
+def layout_placements(ctx: RankContext, case: Any) -> dict[str, str]:
+    """The placements each parameter of a layout case gets on this rank, built as the
+    optimizer task builds them."""
+    import torch
+
+    from harness.tasks.common import mesh_for
+    from harness.tasks.optimizer import build_model, case_param
+
+    tensors = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in case.params]
+    model = build_model(case, tensors, mesh_for(ctx, case.mesh, tp=case.tp > 1))
+    return {s.name: str(tuple(getattr(case_param(model, s.name), "placements", ()))) for s in case.params}
 
 
 def debug_level(ctx: RankContext, payload: Any) -> str:

@@ -1,0 +1,72 @@
+"""Claims about the layout cases: they are built the way users build them (the placements
+``parallelize_module`` and ``fully_shard`` give), the layout gate and its negative controls
+hold at four ranks, and a candidate that does not declare a layout gets its cases narrowed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.candidates import Impl
+from harness.cases import Case, ParamSpec
+from harness.ranks import RankPool
+from harness.tasks import selftest as selftest_tasks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _case(world: int, mesh: tuple[int, ...], tp: int) -> Case:
+    return Case(
+        params=(
+            ParamSpec("col", (7, 5), style="colwise"),
+            ParamSpec("row", (6, 3), style="rowwise"),
+            ParamSpec("rep", (4, 4), style="replicate"),
+        ),
+        world_size=world,
+        mesh=mesh,
+        tp=tp,
+    )
+
+
+def test_layout_cases_get_the_placements_parallelize_module_and_fully_shard_give() -> None:
+    with RankPool(4) as pool:
+        pure = pool.run(selftest_tasks.layout_placements, _case(2, (2,), 2), world_size=2)
+        both = pool.run(selftest_tasks.layout_placements, _case(4, (2, 2), 2), world_size=4)
+    assert pure.ok and both.ok, (pure.failure or both.failure).describe()  # type: ignore[union-attr]
+    assert pure.results[0] == {"col": "(Shard(dim=0),)", "row": "(Shard(dim=1),)", "rep": "(Replicate(),)"}
+    assert both.results[0] == {
+        "col": "(_StridedShard(dim=0, sf=2), Shard(dim=0))",
+        "row": "(Shard(dim=0), Shard(dim=1))",
+        "rep": "(Shard(dim=0), Replicate())",
+    }
+
+
+def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "flat_muon.py").write_text(
+        "def flat_muon(param_groups, **settings):\n    raise AssertionError('never built')\n"
+        "def tp_muon(param_groups, **settings):\n    raise AssertionError('never built')\n"
+        "tp_muon.muongate_layouts = {'tp'}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flat = Impl.load("flat_muon:flat_muon").adapt(_case(4, (2, 2), 2))
+    assert (flat.tp, flat.mesh) == (1, (4,))
+    assert any("fsdp_tp not declared in muongate_layouts" in note for note in flat.narrowed), flat.narrowed
+    tp = Impl.load("flat_muon:tp_muon")
+    assert tp.adapt(_case(2, (2,), 2)).tp == 2 and not tp.adapt(_case(2, (2,), 2)).narrowed
+    assert tp.adapt(_case(4, (2, 2), 2)).tp == 1
+
+
+def test_layout_gate_and_its_negative_controls_hold_at_four_ranks(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    result = pytester.runpytest_subprocess(
+        "-p", "harness.plugin", "--pyargs", "gates.test_layout_gates", "--nproc", "4", "-p", "no:randomly",
+        "--hypothesis-profile", "dev", "--hypothesis-seed", "0", timeout=600,
+    )  # fmt: skip
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines_random(["*layouts:StridedOrderMuon*yes*w0[[]* · world 4 · mesh [[]2, 2] · tp 2*"])
