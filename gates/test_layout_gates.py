@@ -30,7 +30,7 @@ pytestmark = pytest.mark.gate
 NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
 
 
-@given(case=layout_cases(max_world=NPROC))
+@given(case=layout_cases(max_world=NPROC, min_world=min(2, NPROC)))
 def test_tensor_parallel_and_fsdp_tp_layouts_match_reference_bitwise(gate_runner: Any, case: Case) -> None:
     gate_runner.require("layouts", {"tp"}, "its claim is about tensor-parallel layouts")
     gate_runner.check("layouts", case)
@@ -48,8 +48,8 @@ def test_layout_gate_catches_negative_control(gate_runner: Any, control: str) ->
 
     minimal = gate_runner.catch(
         f"negative:layouts:{control}",
-        layout_cases(max_world=NPROC),
+        layout_cases(max_world=NPROC, min_world=ranks),
         lambda case: gate_runner.run(on(case)).message,
         lambda case: on(case).describe(),
     )
-    assert minimal.tp > 1, f"{control} was caught without tensor parallelism: {on(minimal).describe()}"
+    assert minimal.layout not in ("fsdp", "3-D"), f"{control} was caught on FSDP2 alone: {on(minimal).describe()}"

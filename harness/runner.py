@@ -226,7 +226,7 @@ class GateRunner:
         record = CaseResult(
             self._cases, gate, described, status, message, round(seconds, 4),
             self.reproduce_command() if failed else "", judged=self._judged(case),
-            narrowed=tuple(getattr(case, "narrowed", ())), **kw,
+            narrowed=tuple(getattr(case, "narrowed", ())), layout=getattr(case, "layout", ""), **kw,
         )  # fmt: skip
         self.write(record)
         self.figures.setdefault(self.nodeid, {}).setdefault(gate, GateSummary(gate)).add(record)

@@ -21,6 +21,7 @@ from reports.summary import (
     GateSummary,
     RunSummary,
     gate_row,
+    layout_counts,
     scenario_row,
     training_row,
 )
@@ -161,6 +162,8 @@ def _gate_section(summary: RunSummary, g: GateSummary) -> str:
     parts = [
         f'<section id="{anchor(g.gate)}"><h3>{_e(g.gate)}</h3><p>{verdict}; {g.comparisons} comparisons, {g.bitwise} bitwise, {g.tolerance_passes} within a tolerance tier; tiers: {_e(", ".join(sorted(g.tiers)) or "none")}.</p>'
     ]
+    if g.layouts:
+        parts.append(f"<p>cases per layout family: {_e(layout_counts(g))}</p>")
     for f in summary.failures:
         if f.gate == g.gate:
             parts.append(

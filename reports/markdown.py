@@ -11,6 +11,7 @@ from reports.summary import (
     TRAINING_COLUMNS,
     RunSummary,
     gate_row,
+    layout_rows,
     scenario_row,
     title,
     training_row,
@@ -33,6 +34,9 @@ def to_markdown(summary: RunSummary) -> str:
     numeric = set(GATE_COLUMNS) - {"gate", "tiers", "judged"}
     lines += _table(GATE_COLUMNS, [gate_row(g) for g in summary.ordered_gates()], numeric)
     lines += ["", f"_{GATE_LEGEND}_"]
+    layouts = layout_rows(summary)
+    if layouts:
+        lines += ["", "Cases per layout family:", "", *_table(("gate", "layouts"), layouts, set())]
     for f in summary.failures:
         lines += ["", f"**FAILED** `{f.gate}`: {f.finding}", "", f"minimal case: `{f.case}`"]
         if f.narrowed:

@@ -191,6 +191,8 @@ class CaseResult(Record):
     judged: str = ""
     #: what was changed to fit the candidate's declarations (``Impl.adapt``)
     narrowed: tuple[str, ...] = ()
+    #: the case's layout family (``harness.cases.Case.layout``: fsdp, 3-D, hsdp, tp, …)
+    layout: str = ""
 
     @property
     def passed(self) -> bool:

@@ -66,12 +66,16 @@ class GateSummary:
     narrowed_cases: int = 0
     #: against → [cases that compared with it, cases whose comparisons with it all passed]
     verdicts: dict[str, list[int]] = field(default_factory=dict)
+    #: cases per layout family (``fsdp``, ``3-D``, ``hsdp``, ``tp``, ``fsdp×tp``, ``ep×efsdp``)
+    layouts: Counter[str] = field(default_factory=Counter)
 
     def add(self, case: CaseResult) -> None:
         self.cases += 1
         if case.judged:
             self.judged.add(case.judged)
         self.narrowed_cases += bool(case.narrowed)
+        if case.layout:
+            self.layouts[case.layout] += 1
         for against in ("reference", "self"):
             verdict = case.verdict(against)
             if verdict is not None:
@@ -191,6 +195,20 @@ GATE_LEGEND = (
     "and how many more passed a tolerance tier; max|diff|, max ULP: the gate's worst comparison "
     "(– where the gate compared nothing, e.g. where it judges only finiteness); s: seconds"
 )
+
+
+LAYOUT_ORDER = ("fsdp", "3-D", "hsdp", "tp", "fsdp×tp", "ep×efsdp")
+
+
+def layout_counts(g: GateSummary) -> str:
+    """``fsdp 40 · tp 90 · …``: the gate's cases per layout family, in a fixed order."""
+    order = [f for f in LAYOUT_ORDER if f in g.layouts] + sorted(set(g.layouts) - set(LAYOUT_ORDER))
+    return " · ".join(f"{f} {g.layouts[f]}" for f in order)
+
+
+def layout_rows(summary: RunSummary) -> list[tuple[str, str]]:
+    """(gate, its cases per layout family) for each gate that ran more than plain FSDP2."""
+    return [(g.gate, layout_counts(g)) for g in summary.ordered_gates() if set(g.layouts) - {"fsdp"}]
 
 
 def _verdicts(g: GateSummary) -> str:

@@ -16,6 +16,7 @@ from reports.summary import (
     TRAINING_COLUMNS,
     RunSummary,
     gate_row,
+    layout_rows,
     scenario_row,
     title,
     training_row,
@@ -45,6 +46,12 @@ def render(summary: RunSummary) -> Group:
         cells = gate_row(g)
         table.add_row(Text(cells[0], style="red" if g.failed_cases else "green"), *cells[1:])
     parts: list[Any] = [table]
+    layouts = layout_rows(summary)
+    if layouts:
+        families = _table("cases per layout family", ("gate", "layouts"), {"gate", "layouts"})
+        for row in layouts:
+            families.add_row(*row)
+        parts.append(families)
     if summary.negative_controls:
         controls = Table(
             title="negative controls (known-wrong variants the gates must catch)",

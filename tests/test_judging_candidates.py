@@ -183,7 +183,7 @@ def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None
     base = Case(params=(ParamSpec("w", (4, 4)),))
     changed: dict[str, Any] = {
         "seed": 3, "world_size": 2, "mesh": (2, 1), "steps": 2, "mode": "owner_split",
-        "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True, "tp": 2,
+        "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True, "tp": 2, "ep": 2,
         "candidate": Impl,
     }  # fmt: skip
     shown = {f.name for f in dataclasses.fields(Case) if f.compare} - {"params"}

@@ -54,7 +54,7 @@ def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing
     monkeypatch.syspath_prepend(str(tmp_path))
     flat = Impl.load("flat_muon:flat_muon").adapt(_case(4, (2, 2), 2))
     assert (flat.tp, flat.mesh) == (1, (4,))
-    assert any("fsdp_tp not declared in muongate_layouts" in note for note in flat.narrowed), flat.narrowed
+    assert any("fsdp×tp → FSDP2 alone (fsdp_tp not declared" in note for note in flat.narrowed), flat.narrowed
     tp = Impl.load("flat_muon:tp_muon")
     assert tp.adapt(_case(2, (2,), 2)).tp == 2 and not tp.adapt(_case(2, (2,), 2)).narrowed
     assert tp.adapt(_case(4, (2, 2), 2)).tp == 1
@@ -70,3 +70,18 @@ def test_layout_gate_and_its_negative_controls_hold_at_four_ranks(
     )  # fmt: skip
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines_random(["*layouts:StridedOrderMuon*yes*w0[[]* · world 4 · mesh [[]2, 2] · tp 2*"])
+
+
+def test_the_fsdp2_over_tp_empty_piece_finding_still_reproduces_with_torch_alone() -> None:
+    """The torch finding the layout cases steer around; when torch fixes it, this fails, and
+    the widening in ``layout_cases`` can go."""
+    import subprocess
+    import sys
+
+    script = REPO / "examples" / "findings" / "fsdp2_over_tp_empty_piece.py"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(script)],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": ""},
+    )  # fmt: skip
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "local [0, 0] (expected [1, 0])" in run.stdout, run.stdout[-2000:]

@@ -76,6 +76,7 @@ RECORDS: list[Record] = [
         "w[4, 31, 13] float32 · world 2 · 2 steps · ns_dtype=float32",
         seconds=0.25,
         comparisons=(Comparison("w", (2, 31, 13)),),
+        layout="3-D",
     ),
     CaseResult(
         3,

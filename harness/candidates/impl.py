@@ -25,7 +25,8 @@ The contract, for ``FACTORY``:
   - ``muongate_layouts``: which layouts beyond FSDP2's it takes, of ``"hsdp"`` (a 2-D
     ``(replicate, shard)`` mesh), ``"tp"`` (tensor parallel alone: ``parallelize_module``'s
     ``Shard(0)``, ``Shard(1)``, ``Replicate()`` on a 1-D mesh) and ``"fsdp_tp"`` (TP, then
-    ``fully_shard`` on a ``dp`` dim: ``_StridedShard``); default none. Cases of other
+    ``fully_shard`` on a ``dp`` dim: ``_StridedShard``) and ``"ep_efsdp"`` (3-D expert
+    stacks split by experts over ``ep`` and by rows over ``efsdp``); default none. Cases of other
     layouts are narrowed to FSDP2 on a 1-D mesh, and the layout gate skips;
   - ``muongate_single_device``: a factory of the same contract for plain (not
     DTensor) parameters on one device, its own single-device counterpart, which
@@ -44,7 +45,7 @@ from harness.candidates.loading import load_declared
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
 
 FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint"})
-LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp"})
+LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp", "ep_efsdp"})
 
 
 class UnsupportedConvention(Exception):
@@ -132,8 +133,8 @@ class Impl:
         flat = layout not in self.layouts or world != case.world_size
         if case.mesh != (case.world_size,) and flat:
             notes.append(f"mesh {list(case.mesh)} → [{world}] ({layout} not declared in muongate_layouts)")
-        if case.tp > 1 and flat:
-            notes.append(f"tp {case.tp} → FSDP2 alone ({layout} not declared in muongate_layouts)")
+        if (case.tp > 1 or case.ep > 1) and flat:
+            notes.append(f"{case.layout} → FSDP2 alone ({layout} not declared in muongate_layouts)")
         settings = dict(case.settings)
         checkpoint = case.checkpoint_after if "checkpoint" in self.features else None
         if checkpoint != case.checkpoint_after:
@@ -146,6 +147,7 @@ class Impl:
             world_size=world,
             mesh=(world,) if flat else case.mesh,
             tp=1 if flat else case.tp,
+            ep=1 if flat else case.ep,
             settings=tuple({**settings, **dict(self.conventions)}.items()),
             checkpoint_after=checkpoint,
             narrowed=case.narrowed + tuple(notes),
@@ -162,9 +164,8 @@ class Impl:
 
     @staticmethod
     def _layout(case: Case) -> str:
-        if case.tp > 1:
-            return "tp" if case.tp == case.world_size else "fsdp_tp"
-        return "hsdp" if len(case.mesh) > 1 else "fsdp"
+        """The case's layout family by the name ``muongate_layouts`` uses for it."""
+        return {"fsdp×tp": "fsdp_tp", "ep×efsdp": "ep_efsdp", "3-D": "fsdp"}.get(case.layout, case.layout)
 
     def missing(self, features: set[str]) -> list[str]:
         """Which of ``features``, layouts, and ``"world"`` (more than one rank) this candidate did not declare."""

@@ -107,6 +107,9 @@ class Case:
     #: parallel alone on a 1-D ``tp`` mesh; in between, ``mesh`` is ``(dp, tp)``, TP on
     #: ``tp`` (each matrix by its ``style``), then ``fully_shard`` on ``dp``
     tp: int = 1
+    #: expert-parallel ranks: with 2, ``mesh`` is ``(ep, efsdp)`` and each 3-D expert stack has
+    #: its experts split over ``ep`` and its rows over ``efsdp`` (2-D matrices: HSDP on it)
+    ep: int = 1
     label: str = field(default="", compare=False)
     #: what ``Impl.adapt`` changed to fit the candidate's declarations, one note each
     narrowed: tuple[str, ...] = field(default=(), compare=False)
@@ -114,6 +117,18 @@ class Case:
     def settings_dict(self) -> dict[str, Any]:
         """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""
         return optimizer_settings(self.settings)
+
+    @property
+    def layout(self) -> str:
+        """The case's layout family: ``fsdp`` (1-D), ``3-D`` (expert stacks on 1-D), ``hsdp``,
+        ``tp``, ``fsdp×tp`` or ``ep×efsdp``."""
+        if self.ep > 1:
+            return "ep×efsdp"
+        if self.tp > 1:
+            return "tp" if self.tp == self.world_size else "fsdp×tp"
+        if len(self.mesh) > 1:
+            return "hsdp"
+        return "3-D" if any(len(p.shape) == 3 for p in self.params) else "fsdp"
 
     def with_world(self, world_size: int) -> Case:
         return replace(self, world_size=world_size, mesh=(world_size,))
@@ -125,6 +140,8 @@ class Case:
             parts.append(f"mesh {list(self.mesh)}")
         if self.tp > 1:
             parts.append(f"tp {self.tp}")
+        if self.ep > 1:
+            parts.append(f"ep {self.ep}")
         parts.append(f"{self.steps} step{'s' if self.steps != 1 else ''}")
         if self.mode not in (None, "all_ranks"):
             parts.append(str(self.mode))

@@ -168,41 +168,48 @@ def _on_norm_ties(case: Case) -> Case:
     return replace(case, params=params, settings=tuple(settings.items()))
 
 
+def _no_empty_chunk(n: int, parts: int) -> int:
+    """The smallest size from ``n`` up that ``torch.chunk`` splits into ``parts`` non-empty pieces."""
+    while n < parts or -(-n // parts) * (parts - 1) >= n:
+        n += 1
+    return n
+
+
 _STYLES: st.SearchStrategy[Style] = st.sampled_from(["colwise", "rowwise", "replicate"])
 
 
-def layout_cases(*, max_world: int = 2, max_params: int = 3, max_steps: int = 3) -> st.SearchStrategy[Case]:
+def layout_cases(
+    *, max_world: int = 2, min_world: int = 2, max_params: int = 3, max_steps: int = 3
+) -> st.SearchStrategy[Case]:
     """Cases laid out as users lay out tensor parallelism: ``tp`` ranks of ``parallelize_module``
     (each matrix ``ColwiseParallel``, ``RowwiseParallel`` or replicated) alone on a 1-D mesh,
     or, with four ranks or more, under ``fully_shard`` on a ``dp`` dim of 2 (FSDP2 × TP, which
     gives ``_StridedShard``). Shapes are drawn for the TP split, so rows or columns are often
-    not divisible by it, and some ranks hold empty pieces. Shrinks towards FSDP2 alone on
-    one rank (``tp`` 1), then pure TP on two ranks, colwise."""
-    if max_world < 1:
-        raise ValueError(f"max_world={max_world} must be at least 1")
+    not divisible by it, and some ranks hold empty pieces. With four ranks or more it also
+    draws HSDP, and expert parallelism (``ep`` 2: 3-D stacks split over ``ep`` by experts
+    and over ``efsdp`` by rows). Shrinks towards today's layout: pure TP on ``min_world``
+    ranks, colwise, which is ``(Shard(0),)`` on a 1-D mesh (on one rank: FSDP2 alone)."""
+    _check_bounds("min_world", min_world, "max_world", max_world)
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
-        world = draw(st.integers(1, max_world))
-        options: list[tuple[int, tuple[int, ...]]] = [(1, (world,))]
-        if world > 1:
-            options.append((world, (world,)))
+        world = draw(st.integers(min_world, max_world))
+        options: list[tuple[int, int, tuple[int, ...]]] = [(world, 1, (world,))]
         if world >= 4 and world % 2 == 0:
-            options.append((world // 2, (2, world // 2)))
-        tp, mesh = draw(st.sampled_from(options))
-        shapes = matrix_shapes(max_side=24, world_size=max(tp, 1))
-        params = tuple(
-            ParamSpec(
-                f"w{i}",
-                draw(shapes),
-                draw(st.sampled_from(["float32", "bfloat16"])),
-                grad=draw(_GRAD_KINDS) if i else "normal",
-                style=draw(_STYLES),
-            )
-            for i in range(draw(st.integers(1, max_params)))
-        )
+            options += [(world // 2, 1, (2, world // 2)), (1, 1, (2, world // 2)), (1, 2, (2, world // 2))]
+        tp, ep, mesh = draw(st.sampled_from(options))
+        shapes = matrix_shapes(max_side=24, world_size=mesh[-1] if tp == 1 else tp, experts=ep > 1)
+        params = []
+        for i in range(draw(st.integers(1, max_params))):
+            shape, style = draw(shapes), draw(_STYLES)
+            if style == "rowwise" and 1 < tp < world:
+                # FSDP2 over a TP piece with no columns gives it a [0, 0] local tensor that
+                # DTensor cannot gather: a torch finding (examples/findings/fsdp2_over_tp_empty_piece.py).
+                shape = (*shape[:-1], _no_empty_chunk(shape[-1], tp))
+            dtype: DType = draw(st.sampled_from(["float32", "bfloat16"]))
+            params.append(ParamSpec(f"w{i}", shape, dtype, grad=draw(_GRAD_KINDS) if i else "normal", style=style))
         return Case(
-            params=params,
+            params=tuple(params),
             seed=draw(_SEEDS),
             world_size=world,
             mesh=mesh,
@@ -210,6 +217,7 @@ def layout_cases(*, max_world: int = 2, max_params: int = 3, max_steps: int = 3)
             mode=draw(_MODES),
             settings=draw(muon_settings()),
             tp=tp,
+            ep=ep,
         )
 
     return draw_case()

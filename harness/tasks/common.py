@@ -29,18 +29,23 @@ def factory_of(candidate: Any) -> Factory:
     return candidate  # type: ignore[no-any-return]
 
 
-def mesh_for(ctx: RankContext, mesh: tuple[int, ...], *, tp: bool = False) -> DeviceMesh:
-    """A mesh over the pool's groups made for it at start-up (no group is made here); its
-    dims are named ``shard`` or ``(replicate, shard)``, or with ``tp`` ``tp`` or ``(dp, tp)``."""
+#: a mesh's dim names by layout family (``harness.cases.Case.layout``); others: ``shard``
+#: on one dim, ``(replicate, shard)`` on two
+MESH_NAMES = {"tp": ("tp",), "fsdp×tp": ("dp", "tp"), "ep×efsdp": ("ep", "efsdp")}
+
+
+def mesh_for(ctx: RankContext, mesh: tuple[int, ...], *, layout: str = "fsdp") -> DeviceMesh:
+    """A mesh over the pool's groups made for it at start-up (no group is made here), its
+    dims named for the case's layout family (``MESH_NAMES``)."""
     device_type = torch.device(ctx.device).type
+    names = MESH_NAMES.get(layout, ("shard",) if len(mesh) == 1 else ("replicate", "shard"))
     if len(mesh) == 1:
-        return DeviceMesh.from_group(ctx.group, device_type, mesh_dim_names=("tp" if tp else "shard",))
+        return DeviceMesh.from_group(ctx.group, device_type, mesh_dim_names=names)
     shape = (mesh[0], mesh[-1])
     if len(mesh) != 2 or shape not in ctx.hsdp_groups:
         raise ValueError(f"no HSDP groups for mesh {mesh}: 2-D meshes are (2, w // 2) for even w >= 4")
-    layout = torch.arange(ctx.world_size).view(*shape)
-    names = ("dp", "tp") if tp else ("replicate", "shard")
-    return DeviceMesh.from_group(list(ctx.hsdp_groups[shape]), device_type, mesh=layout, mesh_dim_names=names)
+    ranks = torch.arange(ctx.world_size).view(*shape)
+    return DeviceMesh.from_group(list(ctx.hsdp_groups[shape]), device_type, mesh=ranks, mesh_dim_names=names)
 
 
 def param_groups(named: Iterable[tuple[str, Tensor, bool]]) -> list[dict[str, Any]]:

@@ -90,12 +90,15 @@ def _candidate(case: Case, model: nn.Module, factory: Any = None) -> torch.optim
     return (factory or factory_of(case.candidate))(_groups(case, params), **kwargs)
 
 
-def build_model(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None, *, tp: bool = True) -> nn.Module:
+def build_model(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None, *, parallel: bool = True) -> nn.Module:
     """The case's parameters in a module laid out as users lay them out: ``fully_shard`` on
-    ``mesh`` (``None``: left plain); with ``case.tp > 1`` (and ``tp``), ``parallelize_module``
-    on the ``tp`` dim by each matrix's style, then ``fully_shard`` on ``dp`` where there is one."""
+    ``mesh`` (``None``: left plain); with ``case.tp > 1`` (and ``parallel``), ``parallelize_module``
+    on the ``tp`` dim by each matrix's style, then ``fully_shard`` on ``dp`` where there is one;
+    with ``case.ep > 1`` (and ``parallel``), expert parallelism (``_expert_parallel``)."""
     named = {s.name: t for s, t in zip(case.params, tensors, strict=True)}
-    if mesh is None or case.tp == 1 or not tp:
+    if mesh is not None and case.ep > 1 and parallel:
+        return _expert_parallel(named, mesh)
+    if mesh is None or case.tp == 1 or not parallel:
         model = _Holder(named)
         if mesh is not None:
             fully_shard(model, mesh=mesh)
@@ -118,6 +121,17 @@ def build_model(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None, *, t
     return model
 
 
+def _expert_parallel(named: dict[str, Tensor], mesh: DeviceMesh) -> nn.Module:
+    """Expert parallelism on ``(ep, efsdp)``: each 3-D stack's experts split over ``ep`` and its
+    rows over ``efsdp`` (``distribute_tensor``, as an expert-parallel plan leaves them);
+    every other parameter HSDP-like, replicated over ``ep`` and sharded over ``efsdp``."""
+    model = _Holder(named)
+    for name, t in named.items():
+        placements = [Shard(0), Shard(1)] if t.ndim == 3 else [Replicate(), Shard(0)]
+        model.register_parameter(name, nn.Parameter(distribute_tensor(t, mesh, placements, src_data_rank=None)))
+    return model
+
+
 def _twin(
     ctx: RankContext, case: Case, build: Callable[[DeviceMesh | None], nn.Module]
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -133,8 +147,8 @@ def _twin(
 
 
 def _single(case: Case, tensors: list[Tensor]) -> Callable[[DeviceMesh | None], nn.Module]:
-    """How the twin builds the case's model: FSDP2 on its one-rank mesh, without the case's TP."""
-    return lambda mesh: build_model(case, tensors, mesh, tp=False)
+    """How the twin builds the case's model: FSDP2 on its one-rank mesh, without the case's TP or EP."""
+    return lambda mesh: build_model(case, tensors, mesh, parallel=False)
 
 
 class _Phases:
@@ -164,7 +178,7 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
     device = torch.device(ctx.device)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
     phases.lap("inputs")
-    mesh = mesh_for(ctx, case.mesh, tp=case.tp > 1)
+    mesh = mesh_for(ctx, case.mesh, layout=case.layout)
     ref = _reference(case, tensors)
     ref_by_name = _by_name(ref)
     model = build_model(case, tensors, mesh)

@@ -94,7 +94,7 @@ def layout_placements(ctx: RankContext, case: Any) -> dict[str, str]:
     from harness.tasks.optimizer import build_model, case_param
 
     tensors = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in case.params]
-    model = build_model(case, tensors, mesh_for(ctx, case.mesh, tp=case.tp > 1))
+    model = build_model(case, tensors, mesh_for(ctx, case.mesh, layout=case.layout))
     return {s.name: str(tuple(getattr(case_param(model, s.name), "placements", ()))) for s in case.params}
 
 
