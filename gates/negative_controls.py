@@ -241,6 +241,21 @@ class FirstReplicaMuon(PlantedMuon):
             super().apply(local, ortho, group, scaled_lr)
 
 
+class LocalStateMuon(PlantedMuon):
+    """Keeps the momentum buffer as a plain tensor of this rank's piece: the checkpoint stores
+    it without its layout, so a checkpoint loaded on another layout gets the wrong rows."""
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        dp, dgrad = cast(DTensor, p), cast(DTensor, grad)
+        local = dp.to_local()
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros(local.shape, dtype=torch.float32, device=local.device)
+        update = torch.empty(local.shape, dtype=group["ns_dtype"], device=local.device)
+        self.momentum(state["momentum_buffer"], dgrad.to_local(), group, update)
+        ortho = self.orthogonalized_piece(update, dp, group_orthogonalizer(group, self.orthogonalize_fn))
+        self.apply(local, ortho, group, group["lr"] * self.scale(dp, group))
+
+
 #: the layout gate's negative controls, and the fewest ranks each needs to show
 LAYOUT_CONTROLS: dict[str, tuple[type[PlantedMuon], int]] = {
     "LocalColumnsMuon": (LocalColumnsMuon, 2),

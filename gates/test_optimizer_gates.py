@@ -137,6 +137,19 @@ EDGE_CASES = [
         mode="owner_split",
         settings=(("ns_dtype", "float32"),),
     ),
+    # DCP's state-dict API steps a fresh optimizer once on zero gradients; that step once
+    # "proved" same-shape batching bitwise, and the first real step after loading came out
+    # 2 ULP off (fp32 Newton–Schulz; found by the resharding gate, seen on the H200 too).
+    _edge(
+        "checkpoint-then-same-shape-batch",
+        ParamSpec("w0", (4, 4)),
+        ParamSpec("w1", (4, 4)),
+        world=1,
+        steps=2,
+        mode="owner_split",
+        checkpoint_after=1,
+        settings=(("ns_dtype", "float32"),),
+    ),
     # Polar Express schedule past its five triples, float32 Newton–Schulz, Moonshot lr scale.
     _edge(
         "polar-express-7-steps-fp32",

@@ -20,13 +20,19 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from harness.candidates import Impl, Kernel, UnsupportedConvention
-from harness.cases import Case
+from harness.cases import Case, ReshardCase
 from harness.cases.case import candidate_name
 from harness.outcomes import HANG_DEADLINE_S, Classified, classify
 from harness.ranks import CaseOutcome, LauncherGroup, RankContext, RankPool
 from harness.reproduce import Rerun
 from harness.tasks.kernel import run_kernel_case
-from harness.tasks.optimizer import run_backward_case, run_optimizer_case, run_orthogonalize_case, run_spectrum_case
+from harness.tasks.optimizer import (
+    run_backward_case,
+    run_optimizer_case,
+    run_orthogonalize_case,
+    run_reshard_case,
+    run_spectrum_case,
+)
 from harness.tasks.result import TaskResult
 from harness.tasks.training import TrainingSpec, run_training_case, warm_up
 from reports.records import (
@@ -184,6 +190,7 @@ class GateRunner:
         "orthogonalize": run_orthogonalize_case,
         "backward": run_backward_case,
         "spectrum": run_spectrum_case,
+        "reshard": run_reshard_case,
         "training": run_training_case,
         "kernel": run_kernel_case,
     }
@@ -509,6 +516,18 @@ class GateRunner:
             return self.subject
         return candidate_name(own).rpartition(":")[2]
 
+    def _resolve_reshard(self, case: ReshardCase) -> ReshardCase:
+        """Both sides of a resharding case on the candidate; skipped where either is narrowed."""
+        assert self.impl is not None
+        try:
+            sides = [self.impl.adapt(c) for c in (case.before, case.after)]
+        except UnsupportedConvention as e:
+            pytest.skip(str(e))
+        narrowed = [n for side in sides for n in side.narrowed]
+        if narrowed:
+            pytest.skip(f"reshard: not run: narrowed for {self.impl.spec}: {'; '.join(narrowed)}")
+        return replace(case, before=sides[0], after=sides[1])
+
     def _resolve(self, case: Any) -> Any:
         if self.kernel is not None and isinstance(case, Case) and case.kernel is None:
             case = replace(case, kernel=self.kernel.spec)
@@ -516,6 +535,8 @@ class GateRunner:
             return case
         if isinstance(case, Case) and case.kernel:
             pytest.skip(f"{self.impl.spec} brings its own Newton–Schulz: kernel gates run ShardedMuon only")
+        if isinstance(case, ReshardCase):
+            return self._resolve_reshard(case)
         try:
             return self.impl.adapt(case) if isinstance(case, Case) else self.impl.adapt_training(case)
         except UnsupportedConvention as e:

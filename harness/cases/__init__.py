@@ -1,12 +1,28 @@
 """Cases (what one example is), the strategies that draw them, and the tensors they are made of."""
 
-from harness.cases.case import Case, KernelCase, ParamSpec, candidate_name, optimizer_settings, stored_setting
-from harness.cases.strategies import cases, layout_cases, matrix_shapes, muon_settings, norm_tie_cases
+from harness.cases.case import (
+    Case,
+    KernelCase,
+    ParamSpec,
+    ReshardCase,
+    candidate_name,
+    optimizer_settings,
+    stored_setting,
+)
+from harness.cases.strategies import (
+    cases,
+    layout_cases,
+    matrix_shapes,
+    muon_settings,
+    norm_tie_cases,
+    reshard_cases,
+)
 
 __all__ = [
     "Case",
     "KernelCase",
     "ParamSpec",
+    "ReshardCase",
     "candidate_name",
     "cases",
     "layout_cases",
@@ -14,5 +30,6 @@ __all__ = [
     "muon_settings",
     "norm_tie_cases",
     "optimizer_settings",
+    "reshard_cases",
     "stored_setting",
 ]

@@ -160,6 +160,39 @@ class Case:
 
 
 @dataclass(frozen=True)
+class ReshardCase:
+    """A checkpoint taken on one layout and loaded on another: ``before`` runs the first
+    ``at`` steps and saves (DCP); ``after`` (the same parameters, seed, settings and steps,
+    another world size, mesh or parallelism) loads and runs the rest. The reference runs
+    every step on one device; both phases are compared with it."""
+
+    before: Case
+    after: Case
+    at: int
+
+    @property
+    def world_size(self) -> int:
+        return max(self.before.world_size, self.after.world_size)
+
+    @property
+    def narrowed(self) -> tuple[str, ...]:
+        return self.before.narrowed + self.after.narrowed
+
+    @property
+    def candidate(self) -> Any:
+        return self.after.candidate
+
+    def describe(self) -> str:
+        def where(c: Case) -> str:
+            mesh = "×".join(map(str, c.mesh))
+            return f"{c.layout} [{mesh}]" + (f" tp {c.tp}" if c.tp > 1 else "")
+
+        shared = self.after.describe().split(" · ")
+        kept = [p for p in shared if not p.startswith(("world ", "mesh ", "tp "))]
+        return " · ".join([kept[0], f"{where(self.before)} → {where(self.after)} after step {self.at}", *kept[1:]])
+
+
+@dataclass(frozen=True)
 class KernelCase:
     """One input for a Newton–Schulz kernel: its kind, shape, dtype and seed."""
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec, Style
+from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec, ReshardCase, Style
 
 
 def _check_bounds(name_lo: str, lo: int, name_hi: str, hi: int) -> None:
@@ -219,5 +219,42 @@ def layout_cases(
             tp=tp,
             ep=ep,
         )
+
+    return draw_case()
+
+
+def reshard_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 4) -> st.SearchStrategy[ReshardCase]:
+    """A checkpoint saved on one layout and world size and loaded on another: each side drawn
+    from FSDP2 on 1 to ``max_world`` ranks, pure TP, and (with four ranks) HSDP and FSDP2 × TP.
+    Shrinks towards FSDP2 on one rank saved, FSDP2 on two loaded, after the first step."""
+    if max_world < 2:
+        raise ValueError(f"max_world={max_world}: resharding needs at least 2 ranks")
+
+    def layouts(world: int) -> list[tuple[int, tuple[int, ...]]]:
+        options: list[tuple[int, tuple[int, ...]]] = [(1, (world,))]
+        if world > 1:
+            options.append((world, (world,)))
+        if world >= 4 and world % 2 == 0:
+            options += [(1, (2, world // 2)), (world // 2, (2, world // 2))]
+        return options
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> ReshardCase:
+        worlds = (draw(st.integers(1, max_world)), draw(st.integers(1, max_world)))
+        sides = [(w, *draw(st.sampled_from(layouts(w)))) for w in worlds]
+        if sides[0] == sides[1]:
+            sides[1] = (2, 1, (2,)) if sides[0] != (2, 1, (2,)) else (1, 1, (1,))
+        steps = draw(st.integers(2, max_steps))
+        base = draw(layout_cases(max_world=1, min_world=1, max_params=max_params, max_steps=1))
+        params = tuple(p._replace(shape=p.shape[-2:], style=draw(_STYLES)) for p in base.params)
+        for w, tp, _ in sides:
+            if 1 < tp < w:  # FSDP2 over TP: no row-wise piece without columns (see layout_cases)
+                params = tuple(
+                    p._replace(shape=(p.shape[0], _no_empty_chunk(p.shape[1], tp))) if p.style == "rowwise" else p
+                    for p in params
+                )
+        case = replace(base, params=params, steps=steps)
+        before, after = (replace(case, world_size=w, mesh=m, tp=tp) for w, tp, m in sides)
+        return ReshardCase(before, after, draw(st.integers(1, steps - 1)))
 
     return draw_case()

@@ -33,6 +33,8 @@ class RankContext:
     hsdp_groups: Mapping[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
     #: this rank alone: where a candidate runs as its own single-device self (``--against self``)
     solo_group: Any = field(default=None, compare=False, repr=False)
+    #: the group of ranks ``0 .. w-1`` for every ``w`` this rank is in (a case that changes world size)
+    world_groups: Mapping[int, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class Groups(NamedTuple):
@@ -44,7 +46,8 @@ class Groups(NamedTuple):
 
     def context(self, rank: int, world: int, device: str, backend: str, case_id: int) -> RankContext:
         """The context of one case of ``world`` ranks, on this rank."""
-        return RankContext(rank, world, device, backend, case_id, self.worlds[world], self.hsdp, self.solo)
+        mine = {w: g for w, g in self.worlds.items() if rank < w}
+        return RankContext(rank, world, device, backend, case_id, self.worlds[world], self.hsdp, self.solo, mine)
 
     def mine(self, rank: int) -> list[Any]:
         """The groups of ranks ``0 .. w-1`` and of HSDP that this rank belongs to (to warm up)."""

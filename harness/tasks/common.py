@@ -36,15 +36,17 @@ MESH_NAMES = {"tp": ("tp",), "fsdp×tp": ("dp", "tp"), "ep×efsdp": ("ep", "efsd
 
 def mesh_for(ctx: RankContext, mesh: tuple[int, ...], *, layout: str = "fsdp") -> DeviceMesh:
     """A mesh over the pool's groups made for it at start-up (no group is made here), its
-    dims named for the case's layout family (``MESH_NAMES``)."""
+    dims named for the case's layout family (``MESH_NAMES``). A 1-D mesh of fewer ranks than
+    the case's spans ranks ``0 .. n-1``."""
     device_type = torch.device(ctx.device).type
     names = MESH_NAMES.get(layout, ("shard",) if len(mesh) == 1 else ("replicate", "shard"))
     if len(mesh) == 1:
-        return DeviceMesh.from_group(ctx.group, device_type, mesh_dim_names=names)
+        group = ctx.group if mesh[0] == ctx.world_size else ctx.world_groups[mesh[0]]
+        return DeviceMesh.from_group(group, device_type, mesh_dim_names=names)
     shape = (mesh[0], mesh[-1])
     if len(mesh) != 2 or shape not in ctx.hsdp_groups:
         raise ValueError(f"no HSDP groups for mesh {mesh}: 2-D meshes are (2, w // 2) for even w >= 4")
-    ranks = torch.arange(ctx.world_size).view(*shape)
+    ranks = torch.arange(shape[0] * shape[1]).view(*shape)
     return DeviceMesh.from_group(list(ctx.hsdp_groups[shape]), device_type, mesh=ranks, mesh_dim_names=names)
 
 

@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 import reference
 from harness.candidates.kernel import orthogonalizer
-from harness.cases.case import Case, ParamSpec
+from harness.cases.case import Case, ParamSpec, ReshardCase
 from harness.cases.tensors import generator, gradient, initial_param, spectrum_matrix
 from harness.compare import compare
 from harness.ranks import RankContext
@@ -90,16 +90,20 @@ def _candidate(case: Case, model: nn.Module, factory: Any = None) -> torch.optim
     return (factory or factory_of(case.candidate))(_groups(case, params), **kwargs)
 
 
-def build_model(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None, *, parallel: bool = True) -> nn.Module:
+def build_model(
+    case: Case, tensors: list[Tensor], mesh: DeviceMesh | None, *, parallel: bool = True, linears: bool = False
+) -> nn.Module:
     """The case's parameters in a module laid out as users lay them out: ``fully_shard`` on
     ``mesh`` (``None``: left plain); with ``case.tp > 1`` (and ``parallel``), ``parallelize_module``
     on the ``tp`` dim by each matrix's style, then ``fully_shard`` on ``dp`` where there is one;
-    with ``case.ep > 1`` (and ``parallel``), expert parallelism (``_expert_parallel``)."""
+    with ``case.ep > 1`` (and ``parallel``), expert parallelism (``_expert_parallel``).
+    ``linears``: matrices as ``nn.Linear`` weights in every layout, so that their names
+    (``w0.weight``) are the same on every layout (what a checkpoint resharded across them needs)."""
     named = {s.name: t for s, t in zip(case.params, tensors, strict=True)}
     if mesh is not None and case.ep > 1 and parallel:
         return _expert_parallel(named, mesh)
     if mesh is None or case.tp == 1 or not parallel:
-        model = _Holder(named)
+        model = _Holder(named, linears=linears)
         if mesh is not None:
             fully_shard(model, mesh=mesh)
         return model
@@ -261,6 +265,18 @@ def _compare_twin(
     ]
 
 
+def _checkpoint_dir(ctx: RankContext) -> str:
+    """One directory for the whole case, named by rank 0: ranks of different torchrun nodes
+    have different parents. Across hosts it must be shared storage (MUONGATE_CHECKPOINT_DIR)."""
+    chosen = [
+        os.path.join(
+            os.environ.get("MUONGATE_CHECKPOINT_DIR", tempfile.gettempdir()), f"muongate-ckpt-{uuid.uuid4().hex}"
+        )
+    ]
+    dist.broadcast_object_list(chosen, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
+    return chosen[0]
+
+
 def _round_trip(
     case: Case, model: nn.Module, opt: torch.optim.Optimizer, mesh: DeviceMesh, ctx: RankContext
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -274,15 +290,7 @@ def _round_trip(
         set_optimizer_state_dict,
     )
 
-    # One directory for the whole case, named by rank 0: ranks of different torchrun nodes
-    # have different parents. Across hosts it must be shared storage (MUONGATE_CHECKPOINT_DIR).
-    chosen = [
-        os.path.join(
-            os.environ.get("MUONGATE_CHECKPOINT_DIR", tempfile.gettempdir()), f"muongate-ckpt-{uuid.uuid4().hex}"
-        )
-    ]
-    dist.broadcast_object_list(chosen, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
-    path = chosen[0]
+    path = _checkpoint_dir(ctx)
     saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
     dcp.save(saved, checkpoint_id=path, process_group=ctx.group)
     zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=ctx.device) for s in case.params]
@@ -298,6 +306,74 @@ def _round_trip(
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     return fresh, fresh_opt
+
+
+def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
+    """The first ``rc.at`` steps on ``rc.before``'s layout, saved with DCP by its ranks; a fresh
+    model and optimizer on ``rc.after``'s layout load it and run the rest. Every rank runs the
+    reference through every step; each phase's ranks compare their pieces with it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    device = torch.device(ctx.device)
+    case = rc.after
+    tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+    ref = _reference(case, tensors)
+    ref_by_name = _by_name(ref)
+    path = _checkpoint_dir(ctx)
+
+    def on(side: Case, start: list[Tensor]) -> tuple[nn.Module, torch.optim.Optimizer] | None:
+        if ctx.rank >= side.world_size:
+            return None
+        model = build_model(side, start, mesh_for(ctx, side.mesh, layout=side.layout), linears=True)
+        return model, _candidate(side, model)
+
+    def group(side: Case) -> Any:
+        return ctx.group if side.world_size == ctx.world_size else ctx.world_groups.get(side.world_size)
+
+    running = on(rc.before, tensors)
+    records: list[Comparison] = []
+    for step in range(case.steps):
+        side = rc.before if step < rc.at else rc.after
+        for i, spec in enumerate(case.params):
+            g = gradient(spec, case.seed, i, step)
+            ref_by_name[spec.name].grad = None if g is None else g.to(device)
+            if running is not None:
+                p = case_param(running[0], spec.name)
+                p.grad = None if g is None else shard_like(g.to(device), p)
+        ref.step()
+        if running is not None:
+            running[1].step()
+            pairs = ((s.name, ref_by_name[s.name], case_param(running[0], s.name)) for s in case.params)
+            records += compare_params_and_state(pairs, ref, running[1], step=step, rank=ctx.rank)
+        if step + 1 == rc.at:
+            if running is not None:
+                model, opt = running
+                saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+                dcp.save(saved, checkpoint_id=path, process_group=group(side))
+            dist.barrier(group=ctx.group)
+            zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=device) for s in case.params]
+            running = on(rc.after, zeros)
+            if running is not None:
+                model, opt = running
+                state: dict[str, Any] = {
+                    "model": get_model_state_dict(model),
+                    "optim": get_optimizer_state_dict(model, opt),
+                }
+                planner = DefaultLoadPlanner(allow_partial_load=True)
+                dcp.load(state, checkpoint_id=path, planner=planner, process_group=group(rc.after))
+                set_model_state_dict(model, state["model"])
+                set_optimizer_state_dict(model, opt, state["optim"])
+    dist.barrier(group=ctx.group)
+    if ctx.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    return TaskResult(tuple(records))
 
 
 def run_orthogonalize_case(ctx: RankContext, case: Case) -> TaskResult:
