@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from gates.negative_controls import OffByOneRowsMuon
 from harness.models.transformer import TransformerCase
+from harness.tasks.training import TwinsCase
 
 pytestmark = pytest.mark.gate
 
@@ -64,3 +65,28 @@ def _on(case: TransformerCase, world: int) -> TransformerCase:
     from dataclasses import replace
 
     return replace(case, world_size=world)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_training_twins_agree_bitwise_at_every_world_size(gate_runner: Any, world: int) -> None:
+    """The same FSDP2 model twice, one twin stepped by the candidate, the other by
+    ``reference.Muon`` on the gathered parameters and gradients (``run_training_twins``),
+    two micro-batches accumulated per step: bitwise at any world size, where the
+    single-process comparison above needs a tolerance tier beyond 2 ranks."""
+    if world > NPROC:
+        pytest.skip(f"needs --nproc {world}")
+    gate_runner.check("training:twins", TwinsCase(_on(CASES["dense"], world), accumulate=2), task="twins")
+
+
+@pytest.mark.judges(
+    "the training-twins gate, with a planted off-by-one shard boundary (negative control)", "muongate: gates"
+)
+def test_training_twins_catch_off_by_one_shard_boundary(gate_runner: Any) -> None:
+    planted = TwinsCase(TransformerCase("planted off-by-one rows, twins", steps=2, candidate=OffByOneRowsMuon))
+    gate_runner.catch(
+        "negative:training:twins:OffByOneRowsMuon",
+        st.just(planted),
+        lambda case: gate_runner.run(case, task="twins").message,
+        TwinsCase.describe,
+        max_examples=1,
+    )

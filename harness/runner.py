@@ -34,7 +34,7 @@ from harness.tasks.optimizer import (
     run_spectrum_case,
 )
 from harness.tasks.result import TaskResult
-from harness.tasks.training import TrainingSpec, run_training_case, warm_up
+from harness.tasks.training import TrainingSpec, TwinsCase, run_training_case, run_training_twins, warm_up
 from reports.records import (
     CaseResult,
     Comparison,
@@ -192,6 +192,7 @@ class GateRunner:
         "spectrum": run_spectrum_case,
         "reshard": run_reshard_case,
         "training": run_training_case,
+        "twins": run_training_twins,
         "kernel": run_kernel_case,
     }
 
@@ -537,6 +538,11 @@ class GateRunner:
             pytest.skip(f"{self.impl.spec} brings its own Newton–Schulz: kernel gates run ShardedMuon only")
         if isinstance(case, ReshardCase):
             return self._resolve_reshard(case)
+        if isinstance(case, TwinsCase):
+            try:
+                return replace(case, spec=self.impl.adapt_training(case.spec))
+            except UnsupportedConvention as e:
+                pytest.skip(str(e))
         try:
             return self.impl.adapt(case) if isinstance(case, Case) else self.impl.adapt_training(case)
         except UnsupportedConvention as e:

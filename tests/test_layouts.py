@@ -60,16 +60,16 @@ def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing
     assert tp.adapt(_case(4, (2, 2), 2)).tp == 1
 
 
-def test_layout_and_resharding_gates_and_their_negative_controls_hold_at_four_ranks(
+def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_four_ranks(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     result = pytester.runpytest_subprocess(
-        "-p", "harness.plugin", "--pyargs", "gates.test_layout_gates", "gates.test_reshard_gates", "--nproc", "4",
-        "-p", "no:randomly",
+        "-p", "harness.plugin", "--pyargs", "gates.test_layout_gates", "gates.test_reshard_gates",
+        "gates.test_training_gates", "-k", "layout or reshard or twins", "--nproc", "4", "-p", "no:randomly",
         "--hypothesis-profile", "dev", "--hypothesis-seed", "0", timeout=600,
     )  # fmt: skip
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=9, skipped=1)  # the 8-rank twins need --nproc 8
     result.stdout.fnmatch_lines_random(["*layouts:StridedOrderMuon*yes*w0[[]* · world 4 · mesh [[]2, 2] · tp 2*"])
 
 

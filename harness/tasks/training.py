@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -141,6 +142,96 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
         records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank, tier=tier)
     held_out.append(spec.evaluate(ref_model, device))
     return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out})
+
+
+@dataclass(frozen=True)
+class TwinsCase:
+    """A model to train as two FSDP2 twins (``run_training_twins``), ``accumulate``
+    micro-batches per step."""
+
+    spec: Any
+    accumulate: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return int(self.spec.world_size)
+
+    @property
+    def candidate(self) -> Any:
+        return self.spec.candidate
+
+    def describe(self) -> str:
+        return f"{self.spec.describe()} · twins · {self.accumulate} micro-batches per step"
+
+
+def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
+    """The same FSDP2 model twice from one seed, on this rank's micro-batches, accumulated
+    over ``accumulate`` of them per step (``set_requires_gradient_sync`` off for all but the
+    last): one twin steps with the candidate; the other with ``reference.Muon`` on the full
+    gathered parameters and gradients, each rank then keeping its own piece. Both twins run
+    the same forward and backward collectives, so gradients, parameters and optimizer state
+    must agree bit for bit at any world size: a claim about the optimizer alone, with none
+    of FSDP2's reduction order in it."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    spec, accumulate = case.spec, case.accumulate
+    device = torch.device(ctx.device)
+    mesh = mesh_for(ctx, (spec.world_size,))
+    model = spec.build().to(device)
+    twin = copy.deepcopy(model)
+    spec.shard(model, mesh)
+    spec.shard(twin, mesh)
+    settings = optimizer_settings(spec.settings)
+    opt = factory_of(spec.candidate)(model_groups(spec, model), **settings)
+    full = {name: nn.Parameter(_whole(p).detach().clone()) for name, p in twin.named_parameters()}
+    ref_opt = reference.Muon(model_groups(spec, _Params(full)), **settings)
+    names, twins = dict(model.named_parameters()), dict(twin.named_parameters())
+    records: list[Comparison] = []
+    for step in range(spec.steps):
+        for micro in range(accumulate):
+            last = micro == accumulate - 1
+            for m in (model, twin):
+                m.set_requires_gradient_sync(last)  # type: ignore[operator]
+                spec.loss(m, ctx.rank, step * accumulate + micro, device).backward()
+        for name, p in twins.items():
+            grad, cand = None if p.grad is None else _whole(p.grad), names[name].grad
+            full[name].grad = grad
+            if grad is not None and cand is not None:
+                records.append(compare_shard(f"{name}.grad", step, ctx.rank, grad, cand))
+        ref_opt.step()
+        opt.step()
+        for m, o in ((model, opt), (twin, ref_opt)):
+            o.zero_grad()
+            m.zero_grad()
+        with torch.no_grad():
+            for name, p in twins.items():
+                mine = (
+                    distribute_tensor(full[name].detach(), p.device_mesh, p.placements, src_data_rank=None).to_local()
+                    if isinstance(p, DTensor)
+                    else full[name].detach()
+                )
+                (p.to_local() if isinstance(p, DTensor) else p).copy_(mine)
+        pairs = ((name, full[name], names[name]) for name in full)
+        records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank)
+    return TaskResult(tuple(records))
+
+
+class _Params(nn.Module):
+    """Full tensors by their model names, for ``model_groups``."""
+
+    def __init__(self, params: dict[str, nn.Parameter]) -> None:
+        super().__init__()
+        self._named = params
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return iter(self._named.items())
+
+
+def _whole(t: Tensor) -> Tensor:
+    """A DTensor's full value (every rank takes part); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, device: torch.device) -> list[Tensor]:
