@@ -35,6 +35,7 @@ def test_checkpoint_resharded_to_another_layout_and_world_size_continues_bitwise
 ) -> None:
     if NPROC < 2:
         pytest.skip("resharding needs --nproc 2 at least")
+    gate_runner.reference_only("reshard")
     gate_runner.require("reshard", {"checkpoint", "world"}, "its claim is a checkpoint loaded on another layout")
     gate_runner.check("reshard", case, task="reshard")
 

@@ -73,6 +73,7 @@ def test_training_twins_agree_bitwise_at_every_world_size(gate_runner: Any, worl
     ``reference.Muon`` on the gathered parameters and gradients (``run_training_twins``),
     two micro-batches accumulated per step: bitwise at any world size, where the
     single-process comparison above needs a tolerance tier beyond 2 ranks."""
+    gate_runner.reference_only("training:twins")
     if world > NPROC:
         pytest.skip(f"needs --nproc {world}")
     gate_runner.check("training:twins", TwinsCase(_on(CASES["dense"], world), accumulate=2), task="twins")

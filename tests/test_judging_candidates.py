@@ -92,8 +92,8 @@ def test_narrowed_gates_and_hand_picked_cases_are_skipped_naming_the_narrowing(
         "--impl", "examples.gathered_muon:gathered_muon",
     )  # fmt: skip
     # Its arithmetic differs from reference.Muon's by design: what ran fails (one_step, six edge
-    # cases); what was narrowed away is skipped (two gates, five edge cases, two need 4 ranks).
-    result.assert_outcomes(failed=7, skipped=9)
+    # cases); what was narrowed away is skipped (two gates, six edge cases, two need 4 ranks).
+    result.assert_outcomes(failed=7, skipped=10)
     report = _report(pytester)
     for reason in (
         "hybrid_groups: not run: its claim is Muon and AdamW groups side by side, and "
