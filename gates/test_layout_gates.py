@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
+from examples.gram_partial_muon import gram_partial_local_gram_muon, gram_partial_muon
 from gates.negative_controls import LAYOUT_CONTROLS
-from harness.cases import Case, layout_cases
+from harness.cases import Case, ParamSpec, layout_cases, muon_settings
 
 pytestmark = pytest.mark.gate
 
@@ -53,3 +55,47 @@ def test_layout_gate_catches_negative_control(gate_runner: Any, control: str) ->
         lambda case: on(case).describe(),
     )
     assert minimal.layout not in ("fsdp", "3-D"), f"{control} was caught on FSDP2 alone: {on(minimal).describe()}"
+
+
+@st.composite
+def _rowwise_cases(draw: st.DrawFn, candidate: Any) -> Case:
+    """Row-wise TP float32 weights that are not tall (the Gram-partial path), one step at lr 1
+    with no weight decay (the update is then ``-scale·O``, the orthogonalization itself, and
+    float32 weights keep it whole), five Newton–Schulz iterations of Keller's coefficients
+    (the tier's calibration; Polar Express's steeper ones are not calibrated), on the
+    example's conventions."""
+    world = draw(st.integers(2, max(2, NPROC)))
+    params = []
+    for i in range(draw(st.integers(1, 2))):
+        rows = draw(st.integers(1, 32))
+        params.append(ParamSpec(f"w{i}", (rows, draw(st.integers(rows, 64))), style="rowwise"))
+    settings = {**dict(draw(muon_settings())), "lr": 1.0, "weight_decay": 0.0, "ns_steps": 5,
+                "ns_coefficients": "keller", "momentum_form": "sum",
+                "eps_form": "add", "adjust_lr_fn": "original"}  # fmt: skip
+    return Case(
+        params=tuple(params), seed=draw(st.integers(0, 2**16)), world_size=world, mesh=(world,), mode=None,
+        settings=tuple(settings.items()), candidate=candidate, tp=world,
+    )  # fmt: skip
+
+
+@pytest.mark.judges("the Gram-partial example and its calibrated tier", "example: gram_partial")
+@given(case=_rowwise_cases(gram_partial_muon))
+def test_gram_partial_update_stays_in_its_calibrated_tier(gate_runner: Any, case: Case) -> None:
+    """A candidate whose Newton–Schulz takes X Xᵀ from per-rank partial products and an
+    all-reduce cannot be bitwise; its update is held to ``GRAM_PARTIAL`` instead, whose
+    bounds were measured between correct and wrong variants (``harness/compare.py``)."""
+    if NPROC < 2:
+        pytest.skip("a row-wise weight needs two ranks")
+    gate_runner.check("tier:gram_partial", case, task="update")
+
+
+@pytest.mark.judges("the calibrated gram_partial tier, with the Gram left local (negative control)", "muongate: gates")
+def test_gram_partial_tier_rejects_a_gram_left_local(gate_runner: Any) -> None:
+    if NPROC < 2:
+        pytest.skip("a row-wise weight needs two ranks")
+    gate_runner.catch(
+        "negative:tier:gram_partial:LocalGram",
+        _rowwise_cases(gram_partial_local_gram_muon),
+        lambda case: gate_runner.run(case, task="update").message,
+        Case.describe,
+    )

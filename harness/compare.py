@@ -41,6 +41,24 @@ class Tier:
 
 BITWISE = Tier("bitwise", "bitwise", "same math, same kernel, same device: the bits must match")
 
+#: For an update whose Newton–Schulz takes X Xᵀ from per-rank partial products and an
+#: all-reduce (a column-sharded weight, never gathered): another summation order, so never
+#: bitwise. Measured on gloo, 2 ranks, as relative Frobenius error of the whole update
+#: against the reference's, five iterations of Keller's coefficients (Polar Express's
+#: steeper ones are not calibrated), on the gate's own cases (``_rowwise_cases``):
+#: ``examples/gram_partial_muon.py`` on 2,000 cases at worst 1.9e-6 (fp32 Newton–Schulz)
+#: and 0.064 (bf16); its variant with the Gram left local on 500 cases at best 0.27 (fp32)
+#: and 0.19 (bf16), where every piece has a column (else there is nothing to sum). Each
+#: bound sits between: bf16's 1.7× from either side, fp32's 5× above the worst correct.
+#: (On whole random matrices of 4+ rows the bands were 1.3e-6 / 0.025 and 0.27 / 0.27; with
+#: one iteration bf16's were 0.0019 and 0.021, which these bounds would not separate.)
+GRAM_PARTIAL = {
+    "float32": Tier("gram_partial_fp32", "tolerance", "Gram partial products, fp32: correct ≤ 1.9e-6, wrong ≥ 0.27",
+                    max_rel_fro=1e-5),
+    "bfloat16": Tier("gram_partial_bf16", "tolerance", "Gram partial products, bf16: correct ≤ 0.064, wrong ≥ 0.19",
+                     max_rel_fro=0.11),
+}  # fmt: skip
+
 _INT_VIEW = {
     torch.float32: torch.int32,
     torch.bfloat16: torch.int16,

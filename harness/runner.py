@@ -32,6 +32,7 @@ from harness.tasks.optimizer import (
     run_orthogonalize_case,
     run_reshard_case,
     run_spectrum_case,
+    run_update_case,
 )
 from harness.tasks.result import TaskResult
 from harness.tasks.training import TrainingSpec, TwinsCase, run_training_case, run_training_twins, warm_up
@@ -191,6 +192,7 @@ class GateRunner:
         "backward": run_backward_case,
         "spectrum": run_spectrum_case,
         "reshard": run_reshard_case,
+        "update": run_update_case,
         "training": run_training_case,
         "twins": run_training_twins,
         "kernel": run_kernel_case,

@@ -308,6 +308,41 @@ def _round_trip(
     return fresh, fresh_opt
 
 
+def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
+    """One step from the case's weights; the update the candidate applied (new minus old
+    weights, float32), gathered whole with DTensor's ``full_tensor``, against the
+    reference's, in the tier ``harness.compare.GRAM_PARTIAL`` for the case's Newton–Schulz
+    dtype (judged on rank 0: the tier was calibrated on whole matrices, and a small piece's
+    relative error is larger). With no weight decay the update is ``-lr·scale·O``, so the
+    tier judges the orthogonalization itself."""
+    from harness.compare import GRAM_PARTIAL
+
+    device = torch.device(ctx.device)
+    tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+    ref = _reference(case, tensors)
+    ref_by_name = _by_name(ref)
+    model = build_model(case, tensors, mesh_for(ctx, case.mesh, layout=case.layout))
+    opt = _candidate(case, model)
+    params = {s.name: cast(DTensor, case_param(model, s.name)) for s in case.params}
+    before = {name: p.to_local().float().clone() for name, p in params.items()}
+    for i, spec in enumerate(case.params):
+        g = cast(Tensor, gradient(spec, case.seed, i, 0)).to(device)
+        ref_by_name[spec.name].grad = g
+        params[spec.name].grad = shard_like(g, params[spec.name])
+    ref.step()
+    opt.step()
+    tier = GRAM_PARTIAL[str(case.settings_dict().get("ns_dtype", torch.bfloat16)).removeprefix("torch.")]
+    records = []
+    for t, spec in zip(tensors, case.params, strict=True):
+        p = params[spec.name]
+        local = p.to_local().float() - before[spec.name]
+        actual = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()).full_tensor()
+        if ctx.rank == 0:
+            expected = ref_by_name[spec.name].detach().float() - t.float()
+            records.append(compare(expected, actual, tensor=f"{spec.name}.update", rank=0, tier=tier))
+    return TaskResult(tuple(records))
+
+
 def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
     """The first ``rc.at`` steps on ``rc.before``'s layout, saved with DCP by its ranks; a fresh
     model and optimizer on ``rc.after``'s layout load it and run the rest. Every rank runs the
