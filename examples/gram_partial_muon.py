@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from reference import coefficient_schedule
+from reference import coefficient_schedule, orthogonalize
 
 
 def _sum(t: Tensor, p: DTensor, reduce: bool) -> Tensor:
@@ -85,9 +85,7 @@ class GramPartialMuon(torch.optim.Optimizer):
 
 
 def _gathered_ns(G: Tensor, group: dict[str, Any]) -> Tensor:
-    import reference
-
-    return reference.orthogonalize(
+    return orthogonalize(
         G, group["ns_steps"], ns_coefficients=group["ns_coefficients"], eps=group["eps"], dtype=group["ns_dtype"]
     )
 
