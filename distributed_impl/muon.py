@@ -35,6 +35,7 @@ from reference import (
     group_orthogonalizer,
     lr_scale,
     momentum_update,
+    param_names,
 )
 
 Mode = Literal["all_ranks", "owner_split"]
@@ -91,8 +92,7 @@ class ShardedMuon(Muon):
         all-reduce per mesh dimension per step."""
         by_mesh: dict[int, list[tuple[str, DTensor]]] = {}
         for gi, group in enumerate(self.param_groups):
-            names = group.get("param_names") or [f"group{gi}.param{i}" for i in range(len(group["params"]))]
-            for name, p in zip(names, group["params"], strict=True):
+            for name, p in zip(param_names(group, gi), group["params"], strict=True):
                 by_mesh.setdefault(id(p.device_mesh), []).append((name, p))
         for named in by_mesh.values():
             mesh = named[0][1].device_mesh

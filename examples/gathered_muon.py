@@ -50,9 +50,11 @@ class GatheredMuon(torch.optim.Optimizer):
     ``distribute_tensor``."""
 
     local_shape_lr = False
+    #: the settings it reads (a subclass that reads more names them here)
+    settings_keys: tuple[str, ...] = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "eps")
 
     def __init__(self, param_groups: list[dict[str, Any]], **settings: Any) -> None:
-        defaults = {k: settings[k] for k in ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "eps")}
+        defaults = {k: settings[k] for k in self.settings_keys}
         super().__init__([{"params": g["params"]} for g in param_groups], defaults)
 
     def _scale(self, p: DTensor) -> float:
@@ -73,15 +75,19 @@ class GatheredMuon(torch.optim.Optimizer):
                 g = cast(DTensor, p.grad).to_local().float()
                 buf.mul_(group["momentum"]).add_(g)
                 update = g.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
-                full = DTensor.from_local(update, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
-                ortho = plain_quintic(full.full_tensor(), group["ns_steps"], group["eps"])
-                mine = distribute_tensor(ortho, p.device_mesh, p.placements, src_data_rank=None).to_local()
-                local = p.to_local()
-                weights = local.float()
-                weights.mul_(1 - group["lr"] * group["weight_decay"])
-                weights.add_(mine.float() * self._scale(p), alpha=-group["lr"])
-                local.copy_(weights)
+                self._apply_update(p, update, group)
         return None
+
+    def _apply_update(self, p: DTensor, update: Tensor, group: dict[str, Any]) -> None:
+        """Orthogonalizes this rank's piece of the update and applies it, with weight decay."""
+        full = DTensor.from_local(update, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+        ortho = plain_quintic(full.full_tensor(), group["ns_steps"], group["eps"])
+        mine = distribute_tensor(ortho, p.device_mesh, p.placements, src_data_rank=None).to_local()
+        local = p.to_local()
+        weights = local.float()
+        weights.mul_(1 - group["lr"] * group["weight_decay"])
+        weights.add_(mine.float() * self._scale(p), alpha=-group["lr"])
+        local.copy_(weights)
 
 
 class GatheredMuonLocalLr(GatheredMuon):

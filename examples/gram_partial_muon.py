@@ -16,13 +16,14 @@ all-reduce) is the variant that tier must reject.
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from examples.gathered_muon import GatheredMuon
 from reference import coefficient_schedule, orthogonalize
 
 
@@ -46,42 +47,26 @@ def partial_gram_ns(X_local: Tensor, p: DTensor, group: dict[str, Any], reduce: 
     return X
 
 
-class GramPartialMuon(torch.optim.Optimizer):
-    """Muon (sum-form momentum, Nesterov, decoupled weight decay) on DTensor parameters."""
+class GramPartialMuon(GatheredMuon):
+    """``GatheredMuon``'s momentum (sum form, Nesterov) with the reference's Newton–Schulz,
+    row-wise weights orthogonalized on their local columns, and decoupled weight decay."""
 
     reduce = True
+    settings_keys = (*GatheredMuon.settings_keys, "ns_dtype", "ns_coefficients")
 
-    def __init__(self, param_groups: list[dict[str, Any]], **settings: Any) -> None:
-        keys = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "eps", "ns_dtype", "ns_coefficients")
-        super().__init__([{"params": g["params"]} for g in param_groups], {k: settings[k] for k in keys})
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                p = cast(DTensor, p)
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
-                buf = state["momentum_buffer"].to_local()
-                g = cast(DTensor, p.grad).to_local().float()
-                buf.mul_(group["momentum"]).add_(g)
-                update = g.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
-                rows, cols = p.shape
-                if tuple(p.placements) == (Shard(1),) and rows <= cols:
-                    ortho = partial_gram_ns(update, p, group, self.reduce)
-                else:
-                    full = DTensor.from_local(update, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
-                    ortho = distribute_tensor(
-                        _gathered_ns(full.full_tensor(), group), p.device_mesh, p.placements, src_data_rank=None
-                    ).to_local()
-                weights = p.to_local().float()
-                weights.mul_(1 - group["lr"] * group["weight_decay"])
-                weights.add_(ortho.float(), alpha=-group["lr"] * math.sqrt(max(1.0, rows / cols)))
-                p.to_local().copy_(weights)
-        return None
+    def _apply_update(self, p: DTensor, update: Tensor, group: dict[str, Any]) -> None:
+        rows, cols = p.shape
+        if tuple(p.placements) == (Shard(1),) and rows <= cols:
+            ortho = partial_gram_ns(update, p, group, self.reduce)
+        else:
+            full = DTensor.from_local(update, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+            ortho = distribute_tensor(
+                _gathered_ns(full.full_tensor(), group), p.device_mesh, p.placements, src_data_rank=None
+            ).to_local()
+        weights = p.to_local().float()
+        weights.mul_(1 - group["lr"] * group["weight_decay"])
+        weights.add_(ortho.float(), alpha=-group["lr"] * math.sqrt(max(1.0, rows / cols)))
+        p.to_local().copy_(weights)
 
 
 def _gathered_ns(G: Tensor, group: dict[str, Any]) -> Tensor:

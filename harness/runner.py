@@ -47,6 +47,7 @@ from reports.records import (
     Spectrum,
     Status,
     Training,
+    finding_of,
 )
 from reports.stream import ResultStream
 from reports.summary import GateSummary
@@ -120,10 +121,9 @@ class Ran:
 
     @property
     def kind(self) -> str:
-        """The kind of finding (``FINDINGS``) this case is, if it failed."""
-        if self.outcome.failure is not None:
-            return self.outcome.failure.status
-        return f"differs from {'itself' if self.against == 'self' else 'reference'}"
+        """The kind of finding (``FINDINGS``) this case is, if it failed: the report's own
+        name for it (``reports.records.finding_of``)."""
+        return finding_of(self.status, self.comparisons)
 
     @property
     def message(self) -> str | None:

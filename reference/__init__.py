@@ -11,6 +11,7 @@ from reference.muon import (
     momentum_update,
     orthogonalize,
     orthogonalize_batch,
+    param_names,
     validate_settings,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "momentum_update",
     "orthogonalize",
     "orthogonalize_batch",
+    "param_names",
     "validate_settings",
 ]

@@ -277,6 +277,12 @@ def adamw_update(
 _NS_DTYPES = (torch.bfloat16, torch.float32)
 
 
+def param_names(group: dict[str, Any], index: int) -> list[str]:
+    """The names of param group ``index``'s parameters for messages: its ``param_names``, or
+    ``group{index}.param{i}``."""
+    return group.get("param_names") or [f"group{index}.param{i}" for i in range(len(group["params"]))]
+
+
 def validate_settings(group: dict[str, Any]) -> None:
     """Raises ``ValueError`` naming the first setting of a param group that is out of range."""
 
@@ -366,8 +372,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, {**MUON_DEFAULTS, **settings})
         for gi, group in enumerate(self.param_groups):
             validate_settings(group)
-            names = group.get("param_names") or [f"group{gi}.param{i}" for i in range(len(group["params"]))]
-            for name, p in zip(names, group["params"], strict=True):
+            for name, p in zip(param_names(group, gi), group["params"], strict=True):
                 self._check_param(name, p, group["use_muon"])
 
     def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:

@@ -200,25 +200,38 @@ class CaseResult(Record):
 
     @property
     def finding(self) -> str:
-        """What kind of failure this is: a crash's status, or which comparison differed."""
-        if self.status != "failed":
-            return self.status
-        if self.verdict("self") is False:
-            return "differs from itself"
-        if self.verdict("reference") is False:
-            return "differs from reference"
-        return "failed"
+        """What kind of failure this is (``finding_of``)."""
+        return finding_of(self.status, self.comparisons)
 
     def verdict(self, against: str) -> bool | None:
         """Whether every comparison with ``against`` passed; ``None`` where there was none."""
-        mine = [c.passed for c in self.comparisons if c.against == against]
-        return all(mine) if mine else None
+        return verdict_of(self.comparisons, against)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CaseResult:
         comparisons = tuple(Comparison.from_json(c) for c in data.get("comparisons", ()))
         plain = super().from_json({k: v for k, v in data.items() if k not in ("comparisons", "figures")})
         return dataclasses.replace(plain, comparisons=comparisons, figures=dict(data.get("figures", {})))
+
+
+def verdict_of(comparisons: Iterable[Comparison], against: str) -> bool | None:
+    """Whether every comparison with ``against`` passed; ``None`` where there was none."""
+    mine = [c.passed for c in comparisons if c.against == against]
+    return all(mine) if mine else None
+
+
+def finding_of(status: Status, comparisons: Iterable[Comparison]) -> str:
+    """What kind of failure a case is: a crash's status, or which comparisons differed
+    (``differs from itself`` before ``differs from reference``), else ``failed`` (a verdict
+    the gate reached itself, or a case that compared nothing)."""
+    if status != "failed":
+        return status
+    comparisons = tuple(comparisons)
+    if verdict_of(comparisons, "self") is False:
+        return "differs from itself"
+    if verdict_of(comparisons, "reference") is False:
+        return "differs from reference"
+    return "failed"
 
 
 @dataclass(frozen=True)

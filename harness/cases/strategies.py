@@ -178,6 +178,27 @@ def _no_empty_chunk(n: int, parts: int) -> int:
 _STYLES: st.SearchStrategy[Style] = st.sampled_from(["colwise", "rowwise", "replicate"])
 
 
+def _layouts(world: int) -> list[tuple[int, int, tuple[int, ...]]]:
+    """``(tp, ep, mesh)`` of every layout family on ``world`` ranks, FSDP2 on a 1-D mesh first,
+    then pure TP; on the pool's 2-D mesh ``(2, world // 2)``, FSDP2 × TP, HSDP and EP × EFSDP."""
+    options: list[tuple[int, int, tuple[int, ...]]] = [(1, 1, (world,))]
+    if world > 1:
+        options.append((world, 1, (world,)))
+    if world >= 4 and world % 2 == 0:
+        half = world // 2
+        options += [(half, 1, (2, half)), (1, 1, (2, half)), (1, 2, (2, half))]
+    return options
+
+
+def _buildable(shape: tuple[int, ...], style: Style, tp: int, world: int) -> tuple[int, ...]:
+    """``shape``, widened where FSDP2 over TP would leave a row-wise piece with no columns: it
+    gives that piece a [0, 0] local tensor DTensor cannot gather, a torch finding
+    (examples/findings/fsdp2_over_tp_empty_piece.py)."""
+    if style == "rowwise" and 1 < tp < world:
+        return (*shape[:-1], _no_empty_chunk(shape[-1], tp))
+    return shape
+
+
 def layout_cases(
     *, max_world: int = 2, min_world: int = 2, max_params: int = 3, max_steps: int = 3
 ) -> st.SearchStrategy[Case]:
@@ -194,18 +215,13 @@ def layout_cases(
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
         world = draw(st.integers(min_world, max_world))
-        options: list[tuple[int, int, tuple[int, ...]]] = [(world, 1, (world,))]
-        if world >= 4 and world % 2 == 0:
-            options += [(world // 2, 1, (2, world // 2)), (1, 1, (2, world // 2)), (1, 2, (2, world // 2))]
-        tp, ep, mesh = draw(st.sampled_from(options))
+        options = _layouts(world)
+        tp, ep, mesh = draw(st.sampled_from(options[1:] or options))  # FSDP2 alone only on one rank
         shapes = matrix_shapes(max_side=24, world_size=mesh[-1] if tp == 1 else tp, experts=ep > 1)
         params = []
         for i in range(draw(st.integers(1, max_params))):
             shape, style = draw(shapes), draw(_STYLES)
-            if style == "rowwise" and 1 < tp < world:
-                # FSDP2 over a TP piece with no columns gives it a [0, 0] local tensor that
-                # DTensor cannot gather: a torch finding (examples/findings/fsdp2_over_tp_empty_piece.py).
-                shape = (*shape[:-1], _no_empty_chunk(shape[-1], tp))
+            shape = _buildable(shape, style, tp, world)
             dtype: DType = draw(st.sampled_from(["float32", "bfloat16"]))
             params.append(ParamSpec(f"w{i}", shape, dtype, grad=draw(_GRAD_KINDS) if i else "normal", style=style))
         return Case(
@@ -230,29 +246,20 @@ def reshard_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 4
     if max_world < 2:
         raise ValueError(f"max_world={max_world}: resharding needs at least 2 ranks")
 
-    def layouts(world: int) -> list[tuple[int, tuple[int, ...]]]:
-        options: list[tuple[int, tuple[int, ...]]] = [(1, (world,))]
-        if world > 1:
-            options.append((world, (world,)))
-        if world >= 4 and world % 2 == 0:
-            options += [(1, (2, world // 2)), (world // 2, (2, world // 2))]
-        return options
-
     @st.composite
     def draw_case(draw: st.DrawFn) -> ReshardCase:
         worlds = (draw(st.integers(1, max_world)), draw(st.integers(1, max_world)))
-        sides = [(w, *draw(st.sampled_from(layouts(w)))) for w in worlds]
+        sides = []
+        for w in worlds:
+            tp, _, mesh = draw(st.sampled_from([o for o in _layouts(w) if o[1] == 1]))  # no expert parallelism
+            sides.append((w, tp, mesh))
         if sides[0] == sides[1]:
             sides[1] = (2, 1, (2,)) if sides[0] != (2, 1, (2,)) else (1, 1, (1,))
         steps = draw(st.integers(2, max_steps))
         base = draw(layout_cases(max_world=1, min_world=1, max_params=max_params, max_steps=1))
         params = tuple(p._replace(shape=p.shape[-2:], style=draw(_STYLES)) for p in base.params)
         for w, tp, _ in sides:
-            if 1 < tp < w:  # FSDP2 over TP: no row-wise piece without columns (see layout_cases)
-                params = tuple(
-                    p._replace(shape=(p.shape[0], _no_empty_chunk(p.shape[1], tp))) if p.style == "rowwise" else p
-                    for p in params
-                )
+            params = tuple(p._replace(shape=_buildable(p.shape, p.style, tp, w)) for p in params)
         case = replace(base, params=params, steps=steps)
         before, after = (replace(case, world_size=w, mesh=m, tp=tp) for w, tp, m in sides)
         return ReshardCase(before, after, draw(st.integers(1, steps - 1)))

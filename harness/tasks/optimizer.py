@@ -277,10 +277,22 @@ def _checkpoint_dir(ctx: RankContext) -> str:
     return chosen[0]
 
 
-def _round_trip(
-    case: Case, model: nn.Module, opt: torch.optim.Optimizer, mesh: DeviceMesh, ctx: RankContext
-) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """Saves model and optimizer with DCP, loads them into a fresh model and optimizer."""
+def _zeros(case: Case, device: str | torch.device) -> list[Tensor]:
+    """Zero tensors of the case's parameters' shapes and dtypes (a fresh model to load into)."""
+    return [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=device) for s in case.params]
+
+
+def _dcp_save(model: nn.Module, opt: torch.optim.Optimizer, path: str, group: Any) -> None:
+    """Model and optimizer state through DCP's state-dict API, saved by ``group``'s ranks."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.save(saved, checkpoint_id=path, process_group=group)
+
+
+def _dcp_load(model: nn.Module, opt: torch.optim.Optimizer, path: str, group: Any) -> None:
+    """What ``_dcp_save`` wrote, loaded into ``model`` and ``opt`` (their own layout) by ``group``'s ranks."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import (
@@ -290,18 +302,23 @@ def _round_trip(
         set_optimizer_state_dict,
     )
 
-    path = _checkpoint_dir(ctx)
-    saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-    dcp.save(saved, checkpoint_id=path, process_group=ctx.group)
-    zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=ctx.device) for s in case.params]
-    fresh = build_model(case, zeros, mesh)
-    fresh_opt = _candidate(case, fresh)
-    state: dict[str, Any] = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
+    state: dict[str, Any] = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
     # A parameter that never had a gradient has no optimizer state in the checkpoint, while
     # DCP's state-dict API initializes state for every parameter of the fresh optimizer.
-    dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True), process_group=ctx.group)
-    set_model_state_dict(fresh, state["model"])
-    set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
+    dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True), process_group=group)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])
+
+
+def _round_trip(
+    case: Case, model: nn.Module, opt: torch.optim.Optimizer, mesh: DeviceMesh, ctx: RankContext
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Saves model and optimizer with DCP, loads them into a fresh model and optimizer."""
+    path = _checkpoint_dir(ctx)
+    _dcp_save(model, opt, path, ctx.group)
+    fresh = build_model(case, _zeros(case, ctx.device), mesh)
+    fresh_opt = _candidate(case, fresh)
+    _dcp_load(fresh, fresh_opt, path, ctx.group)
     dist.barrier(group=ctx.group)
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
@@ -347,15 +364,6 @@ def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
     """The first ``rc.at`` steps on ``rc.before``'s layout, saved with DCP by its ranks; a fresh
     model and optimizer on ``rc.after``'s layout load it and run the rest. Every rank runs the
     reference through every step; each phase's ranks compare their pieces with it."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
     device = torch.device(ctx.device)
     case = rc.after
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
@@ -389,22 +397,11 @@ def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
             records += compare_params_and_state(pairs, ref, running[1], step=step, rank=ctx.rank)
         if step + 1 == rc.at:
             if running is not None:
-                model, opt = running
-                saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-                dcp.save(saved, checkpoint_id=path, process_group=group(side))
+                _dcp_save(*running, path, group(side))
             dist.barrier(group=ctx.group)
-            zeros = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=device) for s in case.params]
-            running = on(rc.after, zeros)
+            running = on(rc.after, _zeros(case, device))
             if running is not None:
-                model, opt = running
-                state: dict[str, Any] = {
-                    "model": get_model_state_dict(model),
-                    "optim": get_optimizer_state_dict(model, opt),
-                }
-                planner = DefaultLoadPlanner(allow_partial_load=True)
-                dcp.load(state, checkpoint_id=path, planner=planner, process_group=group(rc.after))
-                set_model_state_dict(model, state["model"])
-                set_optimizer_state_dict(model, opt, state["optim"])
+                _dcp_load(*running, path, group(rc.after))
     dist.barrier(group=ctx.group)
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
