@@ -1,18 +1,20 @@
-"""Muon (+ AdamW) on FSDP2-sharded parameters: gather, orthogonalize, scatter.
+"""Muon (+ AdamW) on sharded parameters (FSDP2, HSDP, TP, FSDP2 × TP, expert parallel):
+gather, orthogonalize, scatter.
 
-Per step and per hidden matrix: the momentum is advanced on the local shard only (the
+Per step and per hidden matrix: the momentum is advanced on the local piece only (the
 optimizer state stays sharded, about 1/N of it per rank); the update is formed on the
-local shard, rounded once to the Newton–Schulz dtype; the full matrix is assembled, either on
-every rank (``mode="all_ranks"``) or on one owner rank (``mode="owner_split"``);
-orthogonalized by the reference's own function; and each rank applies its rows of the
-result, with weight decay, to its local shard. In ``owner_split`` each matrix's update is
-formed just before it travels and applied as soon as its rows are back, so no step holds
-every matrix's update at once. The lr scale comes from the *global*
-matrix shape. AdamW runs on local shards as it is elementwise.
+local piece, rounded once to the Newton–Schulz dtype; the full matrix is assembled, either on
+every rank (``mode="all_ranks"``) or on one owner rank of the whole mesh
+(``mode="owner_split"``, ``distributed_impl.mesh_split``); orthogonalized by the reference's
+own function; and each rank applies its piece of the result, with weight decay, to its
+local piece. In ``owner_split`` on a 1-D FSDP2 mesh each matrix's update is formed just
+before it travels and applied as soon as its rows are back, so no step holds every
+matrix's update at once. The lr scale comes from the *global* matrix shape. AdamW runs on
+local pieces as it is elementwise.
 
 The math is imported from ``reference``; where rows live is ``distributed_impl.placement``'s,
-and the owner-split exchange is ``distributed_impl.exchange``'s. This module owns only the
-order of the steps.
+the owner-split exchange ``distributed_impl.exchange``'s, and the split over the whole
+mesh ``distributed_impl.mesh_split``'s. This module owns only the order of the steps.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from distributed_impl import placement
 from distributed_impl.batching import SameShapeBatching
 from distributed_impl.exchange import OwnerExchange
+from distributed_impl.mesh_split import MeshSplit
 from reference import (
     Muon,
     adamw_update,
@@ -50,9 +53,10 @@ class ShardedMuon(Muon):
     Param groups may carry ``param_names`` (as ``named_parameters`` gives them) for errors.
 
     ``mode``: ``"all_ranks"`` (every rank orthogonalizes every matrix; easiest to audit)
-    or ``"owner_split"`` (each matrix on one owner rank, exchanged point to point, in
-    buckets of about ``bucket_numel`` elements per rank; the owner batches equal shapes
-    of at most ``batch_numel`` elements where that is bitwise, see ``batching``; 0 = never).
+    or ``"owner_split"`` (each matrix on one owner rank of the whole mesh, no replica
+    redoing another's; rows exchanged point to point, in buckets of about ``bucket_numel``
+    elements per rank; the owner batches equal shapes of at most ``batch_numel`` elements
+    where that is bitwise, see ``batching``; 0 = never).
     ``orthogonalize_fn``: the Newton–Schulz function, the reference's by default; it is
     called as ``fn(matrix, steps, ns_coefficients=…, eps=…, eps_form=…, dtype=…)``.
     Settings, validation and checkpoint loading are the reference's own.
@@ -71,7 +75,7 @@ class ShardedMuon(Muon):
         if mode not in get_args(Mode):
             raise ValueError(f"mode={mode!r} is not one of {get_args(Mode)}")
         self.mode: Mode = mode
-        self._exchange = OwnerExchange(bucket_numel)
+        self._split = MeshSplit(OwnerExchange(bucket_numel))
         self._batching = SameShapeBatching(batch_numel)
         super().__init__(params, orthogonalize_fn=orthogonalize_fn, **settings)
 
@@ -90,10 +94,10 @@ class ShardedMuon(Muon):
         only would leave the others waiting in its gather for ever. FSDP2 never does that,
         but hand-set gradients and models with rank-dependent control flow do. One small
         all-reduce per mesh dimension per step."""
-        by_mesh: dict[int, list[tuple[str, DTensor]]] = {}
+        by_mesh: dict[Any, list[tuple[str, DTensor]]] = {}
         for gi, group in enumerate(self.param_groups):
             for name, p in zip(param_names(group, gi), group["params"], strict=True):
-                by_mesh.setdefault(id(p.device_mesh), []).append((name, p))
+                by_mesh.setdefault(p.device_mesh, []).append((name, p))
         for named in by_mesh.values():
             mesh = named[0][1].device_mesh
             have = torch.tensor([p.grad is not None for _, p in named], dtype=torch.int32, device=named[0][1].device)
@@ -134,26 +138,18 @@ class ShardedMuon(Muon):
             scaled_lr = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])  # the global shape
             apply_update(p.to_local(), ortho, group["lr"], group["weight_decay"], scaled_lr)
 
-        # owner_split exchanges the row layouts; any other layout is gathered on every rank.
-        split = [p for p in params if placement.needs_gather(p)]
-        exchanged = [p for p in split if self.mode == "owner_split" and placement.exchangeable(p)]
-        gathered = [p for p in split if not (self.mode == "owner_split" and placement.exchangeable(p))]
-        whole = [p for p in params if not placement.needs_gather(p)]  # whole matrices on every rank
-        for p in whole + gathered:
+        if self.mode == "owner_split":
+            self._split.run(
+                params, produce, self._batching.orthogonalizer(group, self.orthogonalize_fn), ns, apply, dtype=dtype
+            )
+            return
+        for p in params:  # all_ranks: every rank gathers and orthogonalizes every matrix
             update = _empty_local(p, dtype)
             produce(p, update)
             if placement.needs_gather(p):
                 apply(p, placement.local_rows(ns(placement.gather_full(update, p)), p))
             else:
                 apply(p, ns(update))
-        if exchanged:
-            self._exchange.run(
-                exchanged,
-                lambda k, out: produce(exchanged[k], out),
-                self._batching.orthogonalizer(group, self.orthogonalize_fn),
-                lambda k, rows: apply(exchanged[k], rows),
-                dtype=dtype,
-            )
 
     # -- AdamW --------------------------------------------------------------------------
     def _adamw_group(self, params: list[DTensor], group: dict[str, Any]) -> None:

@@ -14,8 +14,11 @@ Two ways to get a full matrix to Newton–Schulz and its piece back:
   ``full_tensor``), orthogonalizes it, keeps its piece (DTensor's own ``redistribute``
   from ``Replicate``). Any layout; simple to audit.
 * ``distributed_impl.exchange.OwnerExchange``: each matrix has one owner rank; rows
-  travel point to point to the owner and back (that module owns who owns what). Only
-  for the row layouts (``exchangeable``).
+  travel point to point to the owner and back (that module owns who owns what), over the
+  mesh's last dim. ``distributed_impl.mesh_split`` brings every other layout to that one
+  first (``rows_layout``, by DTensor's own ``redistribute``) and splits the matrices
+  between the replicas of the other dims (``replica_index``, ``broadcast_from_replica``);
+  3-D expert stacks go to ``experts_layout`` instead, whole experts on every rank.
 
 Both move tensors in the dtype Newton–Schulz runs in, which the reference casts to first
 anyway, so the bits are the reference's.
@@ -24,12 +27,14 @@ anyway, so the bits are the reference's.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 
 def describe(name: str, p: Tensor) -> str:
@@ -68,10 +73,90 @@ def chunk_rows(n: int, shards: int) -> list[int]:
     return [max(0, min(size, n - i * size)) for i in range(shards)]
 
 
-def exchangeable(p: DTensor) -> bool:
-    """A row layout the owner exchange moves: ``(Shard(0),)`` or ``(Replicate(), Shard(0))``."""
-    placements = tuple(p.placements)
-    return placements == (Shard(0),) or placements == (Replicate(), Shard(0))
+def rows_layout(p: DTensor) -> tuple[Placement, ...]:
+    """Rows split over ``p``'s mesh's last dim, replicated over the others: the layout the
+    owner exchange moves (FSDP2's ``(Shard(0),)``, HSDP's ``(Replicate(), Shard(0))``)."""
+    return (*[Replicate()] * (p.device_mesh.ndim - 1), Shard(0))
+
+
+def experts_layout(p: DTensor) -> tuple[Placement, ...]:
+    """A 3-D stack's experts split over every mesh dim: each rank holds whole matrices."""
+    return (Shard(0),) * p.device_mesh.ndim
+
+
+def in_layout(p: DTensor, placements: tuple[Placement, ...]) -> bool:
+    return tuple(p.placements) == placements
+
+
+def relayout(local: Tensor, p: DTensor, placements: tuple[Placement, ...]) -> DTensor:
+    """The tensor whose pieces (laid out as ``p``) are ``local`` on every rank, laid out as
+    ``placements`` instead: DTensor's own ``redistribute``."""
+    dt = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=local_stride(p))
+    return dt if in_layout(p, placements) else dt.redistribute(p.device_mesh, placements)
+
+
+def restore(local: Tensor, p: DTensor, placements: tuple[Placement, ...]) -> Tensor:
+    """The inverse of ``relayout``: this rank's pieces in ``placements`` back in ``p``'s layout."""
+    if in_layout(p, placements):
+        return local
+    dt = DTensor.from_local(local, p.device_mesh, placements, shape=p.shape, stride=local_stride(p))
+    return dt.redistribute(p.device_mesh, p.placements).to_local()
+
+
+def empty_rows(p: DTensor, dtype: torch.dtype) -> Tensor:
+    """This rank's piece of ``p`` in the rows layout, uninitialized."""
+    mesh = p.device_mesh
+    rows = chunk_rows(int(p.shape[0]), mesh.shape[-1])[_coordinate(mesh)[-1]]
+    return torch.empty(rows, int(p.shape[1]), dtype=dtype, device=p.to_local().device)
+
+
+def by_mesh(params: Sequence[DTensor]) -> list[list[DTensor]]:
+    """The parameters grouped by mesh (equal meshes, not only the same object: FSDP2 over
+    TP gives each parameter a mesh of its own), in order of first appearance."""
+    groups: dict[DeviceMesh, list[DTensor]] = {}
+    for p in params:
+        groups.setdefault(p.device_mesh, []).append(p)
+    return list(groups.values())
+
+
+def replicas(p: DTensor) -> int:
+    """How many copies of the rows layout ``p``'s mesh holds: the product of all dims but the last."""
+    return math.prod(p.device_mesh.shape[:-1])
+
+
+def replica_index(p: DTensor) -> int:
+    """Which copy this rank's rows belong to: its coordinate on all dims but the last, row-major."""
+    mesh = p.device_mesh
+    index = 0
+    for size, c in zip(mesh.shape[:-1], _coordinate(mesh)[:-1], strict=True):
+        index = index * size + c
+    return index
+
+
+def broadcast_from_replica(t: Tensor, p: DTensor, replica: int) -> None:
+    """Copies ``t`` (this rank's rows of ``p``'s matrix) from the ranks of copy ``replica`` of
+    the rows layout to every other copy, in place; each rank receives from the rank of that
+    copy that holds the same rows. One broadcast per replicated dim, the last first; a dim's
+    group sits out while none of its ranks holds the rows yet."""
+    mesh = p.device_mesh
+    coordinate = _coordinate(mesh)
+    owner: list[int] = []
+    for size in reversed(mesh.shape[:-1]):
+        owner.insert(0, replica % size)
+        replica //= size
+    for d in reversed(range(mesh.ndim - 1)):
+        if coordinate[:d] != owner[:d]:
+            continue
+        root = [*coordinate]
+        root[d] = owner[d]
+        dist.broadcast(t, src=int(mesh.mesh[tuple(root)]), group=mesh.get_group(d))
+
+
+def _coordinate(mesh: DeviceMesh) -> list[int]:
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise RuntimeError(f"rank {dist.get_rank()} is not in the mesh {mesh}")
+    return list(coordinate)
 
 
 def needs_gather(p: DTensor) -> bool:

@@ -90,4 +90,5 @@ def gram_partial_local_gram_muon(param_groups: list[dict[str, Any]], **settings:
 for _factory in (gram_partial_muon, gram_partial_local_gram_muon):
     _factory.muongate_conventions = {"momentum_form": "sum", "eps_form": "add", "adjust_lr_fn": "original"}  # type: ignore[attr-defined]
     _factory.muongate_layouts = {"tp"}  # type: ignore[attr-defined]
+    _factory.muongate_tiers = {"gram_partial"}  # type: ignore[attr-defined]
     _factory.muongate_features = {"bf16"}  # type: ignore[attr-defined]

@@ -89,6 +89,18 @@ def test_gram_partial_update_stays_in_its_calibrated_tier(gate_runner: Any, case
     gate_runner.check("tier:gram_partial", case, task="update")
 
 
+@given(case=_rowwise_cases(None))
+def test_a_candidate_declaring_the_gram_partial_tier_stays_in_it(gate_runner: Any, case: Case) -> None:
+    """The same claim about an ``--impl`` candidate that declares ``muongate_tiers =
+    {"gram_partial"}`` (and the ``tp`` layout); on the candidate's declared conventions."""
+    if gate_runner.impl is None:
+        pytest.skip("tier:gram_partial: judges an --impl candidate that declares it; ShardedMuon is bitwise")
+    if NPROC < 2:
+        pytest.skip("a row-wise weight needs two ranks")
+    gate_runner.require("tier:gram_partial", {"gram_partial", "tp"}, "its claim is the gram_partial tier")
+    gate_runner.check("tier:gram_partial", case, task="update")
+
+
 @pytest.mark.judges("the calibrated gram_partial tier, with the Gram left local (negative control)", "muongate: gates")
 def test_gram_partial_tier_rejects_a_gram_left_local(gate_runner: Any) -> None:
     if NPROC < 2:

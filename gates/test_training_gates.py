@@ -79,6 +79,18 @@ def test_training_twins_agree_bitwise_at_every_world_size(gate_runner: Any, worl
     gate_runner.check("training:twins", TwinsCase(_on(CASES["dense"], world), accumulate=2), task="twins")
 
 
+def test_training_twins_agree_bitwise_under_fsdp2_over_tensor_parallel(gate_runner: Any) -> None:
+    """The twins on a ``(dp, tp)`` mesh of ``(2, 2)``: Q, K, V and the MLP's first matrix
+    ``ColwiseParallel``, the attention output and the second matrix ``RowwiseParallel``,
+    then FSDP2 on ``dp`` (``_StridedShard`` and ``(Shard(0), Shard(1))`` weights)."""
+    gate_runner.reference_only("training:twins:fsdp×tp")
+    if NPROC < 4:
+        pytest.skip("needs --nproc 4")
+    gate_runner.require("training:twins:fsdp×tp", {"fsdp_tp"}, "its claim is FSDP2 × TP training")
+    case = TwinsCase(_on(CASES["dense"], 4), accumulate=2, tp=2)
+    gate_runner.check("training:twins:fsdp×tp", case, task="twins")
+
+
 @pytest.mark.judges(
     "the training-twins gate, with a planted off-by-one shard boundary (negative control)", "muongate: gates"
 )

@@ -62,6 +62,18 @@ def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
     assert steps <= 2 and rows <= 48 and cols <= 48
 
 
+def test_a_candidate_declaring_the_gram_partial_tier_is_judged_in_it_and_a_wrong_one_fails(tmp_path: Path) -> None:
+    shutil.copy(REPO / "examples" / "gram_partial_muon.py", tmp_path / "their_muon.py")
+    k = ["-k", "declaring_the_gram_partial", "--hypothesis-profile", "dev"]
+    right = _run(tmp_path, *k, "--impl", "their_muon:gram_partial_muon")
+    assert right.returncode == 0 and "1 passed" in right.stdout, right.stdout[-3000:]
+    wrong = _run(tmp_path, *k, "--impl", "their_muon:gram_partial_local_gram_muon")
+    assert wrong.returncode == 1, wrong.stdout[-3000:]
+    found = re.search(r"w0\.update step 0 rank 0 \[gram_partial_(bf16|fp32)\]: max\|diff\|", wrong.stdout)
+    assert found, wrong.stdout[-3000:]
+    assert "candidate their_muon:gram_partial_local_gram_muon" in wrong.stdout
+
+
 def test_convention_the_reference_cannot_express_is_reported_not_compared(tmp_path: Path) -> None:
     (tmp_path / "their_muon.py").write_text(UNEXPRESSIBLE)
     result = _run(tmp_path, "-k", "one_sharded", "--impl", "their_muon:cautious", "-rs")

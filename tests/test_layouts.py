@@ -43,6 +43,41 @@ def test_layout_cases_get_the_placements_parallelize_module_and_fully_shard_give
     }
 
 
+def test_hsdp_over_tp_on_a_3d_mesh_gets_the_placements_fully_shard_gives() -> None:
+    with RankPool(8) as pool:
+        grid = pool.run(selftest_tasks.layout_placements, _case(8, (2, 2, 2), 2), world_size=8)
+    assert grid.ok, grid.failure.describe()  # type: ignore[union-attr]
+    assert grid.results[5] == {
+        "col": "(Replicate(), _StridedShard(dim=0, sf=2), Shard(dim=0))",
+        "row": "(Replicate(), Shard(dim=0), Shard(dim=1))",
+        "rep": "(Replicate(), Shard(dim=0), Replicate())",
+    }
+
+
+@pytest.mark.parametrize(
+    "params, world, mesh, tp, ep",
+    [
+        ((ParamSpec("w", (8, 6)),) * 8, 4, (4,), 1, 1),  # FSDP2
+        ((ParamSpec("w", (8, 6)),) * 8, 4, (2, 2), 1, 1),  # HSDP: two copies of the rows
+        (tuple(ParamSpec(f"w{i}", (8, 6), style="rowwise") for i in range(8)), 4, (4,), 4, 1),  # TP Shard(1)
+        (tuple(ParamSpec(f"w{i}", (8, 6), style=s) for i, s in enumerate(["colwise", "rowwise", "replicate"] * 3)), 4, (2, 2), 2, 1),
+        ((ParamSpec("e", (8, 6, 4)),), 4, (2, 2), 1, 2),  # expert stacks on (ep, efsdp)
+        (tuple(ParamSpec(f"w{i}", (8, 6), style=s) for i, s in enumerate(["colwise", "rowwise", "replicate"] * 3)), 8, (2, 2, 2), 2, 1),
+    ],
+    ids=["fsdp", "hsdp", "tp-rowwise", "fsdp×tp", "ep×efsdp", "hsdp×tp"],
+)  # fmt: skip
+def test_owner_split_orthogonalizes_each_matrix_once_on_the_whole_mesh(params, world, mesh, tp, ep) -> None:
+    case = Case(
+        params=tuple(p._replace(name=f"w{i}") for i, p in enumerate(params)), world_size=world, mesh=mesh, tp=tp, ep=ep
+    )
+    with RankPool(world) as pool:
+        outcome = pool.run(selftest_tasks.owner_split_work, case, world_size=world)
+    assert outcome.ok, outcome.failure.describe()  # type: ignore[union-attr]
+    matrices = sum(p.shape[0] if len(p.shape) == 3 else 1 for p in case.params)
+    assert sum(outcome.results) == matrices, outcome.results
+    assert max(outcome.results) - min(outcome.results) <= 1, outcome.results
+
+
 def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -70,8 +105,8 @@ def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_fo
         "--hypothesis-profile", "dev", "--hypothesis-seed", "0", timeout=600,
     )  # fmt: skip
     # -k matches the layout module's name, so all six of its tests run (the Gram tier's too);
-    # the 8-rank twins need --nproc 8
-    result.assert_outcomes(passed=11, skipped=1)
+    # the 8-rank twins need --nproc 8, and the gram_partial tier of a candidate needs --impl
+    result.assert_outcomes(passed=12, skipped=2)
     result.stdout.fnmatch_lines_random(["*layouts:StridedOrderMuon*yes*w0[[]* · world 4 · mesh [[]2, 2] · tp 2*"])
 
 

@@ -81,3 +81,30 @@ def test_every_failing_rank_keeps_its_own_message(pool):
     first, other = outcome.failure.rank, 1 - outcome.failure.rank
     assert f"planted failure on rank {first}" in outcome.failure.message
     assert f"planted failure on rank {other}" in outcome.failure.stacks[other]
+
+
+def test_a_rank_busy_inside_a_checkpoint_helper_named_like_a_collective_is_not_waiting_in_one() -> None:
+    from harness.ranks.stacks import collective, main_thread_frames
+
+    def dump(*inner: str) -> str:
+        frames = [*inner, '  File "/w/harness/ranks/pool.py", line 9 in _worker_main']
+        return "Current thread 0x1 (most recent call first):\n" + "\n".join(frames)
+
+    torch = "/v/site-packages/torch/distributed"
+    busy = dump(
+        f'  File "{torch}/checkpoint/filesystem.py", line 930 in read_metadata',
+        f'  File "{torch}/checkpoint/state_dict_loader.py", line 234 in local_step',
+        f'  File "{torch}/checkpoint/utils.py", line 193 in reduce_scatter',
+        '  File "/w/harness/tasks/optimizer.py", line 308 in _dcp_load',
+    )
+    waiting = dump(
+        f'  File "{torch}/distributed_c10d.py", line 4000 in all_gather',
+        f'  File "{torch}/c10d_logger.py", line 81 in wrapper',
+        f'  File "{torch}/checkpoint/utils.py", line 193 in all_gather_object',
+        '  File "/w/harness/tasks/optimizer.py", line 308 in _dcp_load',
+    )
+    assert collective(main_thread_frames(busy)) is None
+    assert (
+        collective(main_thread_frames(waiting))
+        == "all_gather in all_gather_object, called from optimizer.py:308 in _dcp_load"
+    )

@@ -25,9 +25,14 @@ The contract, for ``FACTORY``:
   - ``muongate_layouts``: which layouts beyond FSDP2's it takes, of ``"hsdp"`` (a 2-D
     ``(replicate, shard)`` mesh), ``"tp"`` (tensor parallel alone: ``parallelize_module``'s
     ``Shard(0)``, ``Shard(1)``, ``Replicate()`` on a 1-D mesh) and ``"fsdp_tp"`` (TP, then
-    ``fully_shard`` on a ``dp`` dim: ``_StridedShard``) and ``"ep_efsdp"`` (3-D expert
+    ``fully_shard`` on a ``dp`` dim: ``_StridedShard``), ``"hsdp_tp"`` (TP, then HSDP's
+    ``fully_shard`` on ``(rep, dp)`` of a 3-D mesh) and ``"ep_efsdp"`` (3-D expert
     stacks split by experts over ``ep`` and by rows over ``efsdp``); default none. Cases of other
     layouts are narrowed to FSDP2 on a 1-D mesh, and the layout gate skips;
+  - ``muongate_tiers``: the calibrated tiers its arithmetic differs from the reference's
+    within, by design: ``"gram_partial"`` (the Gram matrix ``X Xᵀ`` of a row-wise TP weight
+    from per-rank partial products and an all-reduce, ``harness.compare.GRAM_PARTIAL``).
+    It does not excuse the candidate from any bitwise gate; it adds the tier's gate;
   - ``muongate_single_device``: a factory of the same contract for plain (not
     DTensor) parameters on one device, its own single-device counterpart, which
     ``--against self`` compares it with; without it, the candidate itself runs on a
@@ -45,7 +50,8 @@ from harness.candidates.loading import load_declared
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
 
 FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint"})
-LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp", "ep_efsdp"})
+LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"})
+TIERS = frozenset({"gram_partial"})
 
 
 class UnsupportedConvention(Exception):
@@ -77,6 +83,7 @@ class Impl:
     features: frozenset[str] = FEATURES
     inexpressible: tuple[str, ...] = ()
     layouts: frozenset[str] = frozenset()
+    tiers: frozenset[str] = frozenset()
 
     @classmethod
     def load(cls, spec: str) -> Impl:
@@ -93,6 +100,9 @@ class Impl:
             raise ValueError(
                 f"--impl {spec}: unknown muongate_layouts {sorted(layouts - LAYOUTS)}; known: {sorted(LAYOUTS)}"
             )
+        tiers = frozenset(getattr(factory, "muongate_tiers", ()))
+        if tiers - TIERS:
+            raise ValueError(f"--impl {spec}: unknown muongate_tiers {sorted(tiers - TIERS)}; known: {sorted(TIERS)}")
         conventions = {k: stored_setting(k, v) for k, v in declared.items()}
         return cls(
             spec,
@@ -102,6 +112,7 @@ class Impl:
             features,
             tuple(_inexpressible(conventions)),
             layouts,
+            tiers,
         )
 
     def _check_expressible(self) -> None:
@@ -165,11 +176,13 @@ class Impl:
     @staticmethod
     def _layout(case: Case) -> str:
         """The case's layout family by the name ``muongate_layouts`` uses for it."""
-        return {"fsdp×tp": "fsdp_tp", "ep×efsdp": "ep_efsdp", "3-D": "fsdp"}.get(case.layout, case.layout)
+        names = {"fsdp×tp": "fsdp_tp", "hsdp×tp": "hsdp_tp", "ep×efsdp": "ep_efsdp", "3-D": "fsdp"}
+        return names.get(case.layout, case.layout)
 
     def missing(self, features: set[str]) -> list[str]:
-        """Which of ``features``, layouts, and ``"world"`` (more than one rank) this candidate did not declare."""
+        """Which of ``features``, layouts, tiers and ``"world"`` (more than one rank) this candidate did not declare."""
         gone = sorted(features & FEATURES - self.features) + sorted(features & LAYOUTS - self.layouts)
+        gone += sorted(features & TIERS - self.tiers)
         if "world" in features and self.max_world is not None and self.max_world < 2:
             gone.append("world")
         return gone

@@ -105,7 +105,8 @@ class Case:
     self_reference: bool = False
     #: tensor-parallel ranks: 1 is FSDP2 alone on ``mesh``; ``world_size`` is tensor
     #: parallel alone on a 1-D ``tp`` mesh; in between, ``mesh`` is ``(dp, tp)``, TP on
-    #: ``tp`` (each matrix by its ``style``), then ``fully_shard`` on ``dp``
+    #: ``tp`` (each matrix by its ``style``), then ``fully_shard`` on ``dp``, or
+    #: ``(rep, dp, tp)``, then HSDP's ``fully_shard`` on ``(rep, dp)``
     tp: int = 1
     #: expert-parallel ranks: with 2, ``mesh`` is ``(ep, efsdp)`` and each 3-D expert stack has
     #: its experts split over ``ep`` and its rows over ``efsdp`` (2-D matrices: HSDP on it)
@@ -121,11 +122,11 @@ class Case:
     @property
     def layout(self) -> str:
         """The case's layout family: ``fsdp`` (1-D), ``3-D`` (expert stacks on 1-D), ``hsdp``,
-        ``tp``, ``fsdp×tp`` or ``ep×efsdp``."""
+        ``tp``, ``fsdp×tp``, ``hsdp×tp`` (a 3-D mesh) or ``ep×efsdp``."""
         if self.ep > 1:
             return "ep×efsdp"
         if self.tp > 1:
-            return "tp" if self.tp == self.world_size else "fsdp×tp"
+            return "tp" if self.tp == self.world_size else "hsdp×tp" if len(self.mesh) == 3 else "fsdp×tp"
         if len(self.mesh) > 1:
             return "hsdp"
         return "3-D" if any(len(p.shape) == 3 for p in self.params) else "fsdp"

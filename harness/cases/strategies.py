@@ -180,13 +180,16 @@ _STYLES: st.SearchStrategy[Style] = st.sampled_from(["colwise", "rowwise", "repl
 
 def _layouts(world: int) -> list[tuple[int, int, tuple[int, ...]]]:
     """``(tp, ep, mesh)`` of every layout family on ``world`` ranks, FSDP2 on a 1-D mesh first,
-    then pure TP; on the pool's 2-D mesh ``(2, world // 2)``, FSDP2 × TP, HSDP and EP × EFSDP."""
+    then pure TP; on the pool's 2-D mesh ``(2, world // 2)``, FSDP2 × TP, HSDP and EP × EFSDP;
+    on its 3-D mesh ``(2, 2, world // 4)``, HSDP × TP (``harness.ranks.grid_shapes``)."""
     options: list[tuple[int, int, tuple[int, ...]]] = [(1, 1, (world,))]
     if world > 1:
         options.append((world, 1, (world,)))
     if world >= 4 and world % 2 == 0:
         half = world // 2
         options += [(half, 1, (2, half)), (1, 1, (2, half)), (1, 2, (2, half))]
+    if world >= 8 and world % 4 == 0:
+        options.append((world // 4, 1, (2, 2, world // 4)))
     return options
 
 

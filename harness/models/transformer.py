@@ -70,6 +70,22 @@ class TransformerCase:
             torch.manual_seed(self.seed)
             return Transformer(self)
 
+    def tp_plan(self) -> dict[str, Any]:
+        """Megatron-style tensor parallelism for ``parallelize_module``: Q, K, V and the MLP's
+        first matrix column-wise (each rank a share of the heads and hidden units), the
+        attention output and the MLP's second matrix row-wise; the rest replicated."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        if self.mlp != "dense" or self.fused_qkv:
+            raise ValueError(f"{self.name}: tensor parallelism is planned for the dense MLP with separate Q, K, V only")
+        plan: dict[str, Any] = {}
+        for i in range(self.layers):
+            for name in ("attn.q", "attn.k", "attn.v", "mlp.0"):
+                plan[f"blocks.{i}.{name}"] = ColwiseParallel()
+            for name in ("attn.proj", "mlp.2"):
+                plan[f"blocks.{i}.{name}"] = RowwiseParallel()
+        return plan
+
     def shard(self, model: nn.Module, mesh: Any) -> None:
         assert isinstance(model, Transformer)
         for block in model.blocks:
@@ -98,7 +114,7 @@ class TransformerCase:
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, fused_qkv: bool) -> None:
         super().__init__()
-        self.heads = heads
+        self.head_dim = dim // heads
         if fused_qkv:
             self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         else:
@@ -108,13 +124,14 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1) if hasattr(self, "qkv") else (self.q(x), self.k(x), self.v(x))
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1) if hasattr(self, "qkv") else (self.q(x), self.k(x), self.v(x))
+        # under tensor parallelism q, k and v hold this rank's heads only, hence -1
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         y = scores.masked_fill(causal, float("-inf")).softmax(dim=-1) @ v
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class Block(nn.Module):

@@ -7,6 +7,7 @@ Shared by the pool (``harness.ranks.pool``) and the torchrun launcher
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import signal
 from collections.abc import Mapping
@@ -30,7 +31,8 @@ class RankContext:
     backend: str
     case_id: int
     group: Any = field(default=None, compare=False, repr=False)
-    hsdp_groups: Mapping[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
+    #: this rank's group on each dim of every multi-dim mesh shape (``grid_shapes``)
+    grid_groups: Mapping[tuple[int, ...], tuple[Any, ...]] = field(default_factory=dict, compare=False, repr=False)
     #: this rank alone: where a candidate runs as its own single-device self (``--against self``)
     solo_group: Any = field(default=None, compare=False, repr=False)
     #: the group of ranks ``0 .. w-1`` for every ``w`` this rank is in (a case that changes world size)
@@ -41,41 +43,52 @@ class Groups(NamedTuple):
     """Every process group a case can need on this rank (``make_groups``)."""
 
     worlds: dict[int, Any]
-    hsdp: dict[tuple[int, int], tuple[Any, Any]]
+    grids: dict[tuple[int, ...], tuple[Any, ...]]
     solo: Any
 
     def context(self, rank: int, world: int, device: str, backend: str, case_id: int) -> RankContext:
         """The context of one case of ``world`` ranks, on this rank."""
         mine = {w: g for w, g in self.worlds.items() if rank < w}
-        return RankContext(rank, world, device, backend, case_id, self.worlds[world], self.hsdp, self.solo, mine)
+        return RankContext(rank, world, device, backend, case_id, self.worlds[world], self.grids, self.solo, mine)
 
     def mine(self, rank: int) -> list[Any]:
-        """The groups of ranks ``0 .. w-1`` and of HSDP that this rank belongs to (to warm up)."""
-        return [g for w, g in self.worlds.items() if rank < w] + [g for pair in self.hsdp.values() for g in pair]
+        """The groups of ranks ``0 .. w-1`` and of the grids that this rank belongs to (to warm up)."""
+        return [g for w, g in self.worlds.items() if rank < w] + [g for dims in self.grids.values() for g in dims]
+
+
+def grid_shapes(nproc: int) -> list[tuple[int, ...]]:
+    """The multi-dim meshes cases are laid on: ``(2, w // 2)`` for every even ``w >= 4`` (HSDP,
+    FSDP2 × TP, EP × EFSDP) and ``(2, 2, w // 4)`` for every ``w >= 8`` that 4 divides (HSDP × TP)."""
+    shapes: list[tuple[int, ...]] = [(2, w // 2) for w in range(4, nproc + 1, 2)]
+    return shapes + [(2, 2, w // 4) for w in range(8, nproc + 1, 4)]
 
 
 def make_groups(nproc: int) -> Groups:
     """Every process group a case can need, made once (every rank must take part in each).
 
-    The group of ranks ``0 .. w-1`` for every world size ``w``; for every even ``w >= 4``
-    this rank's (replicate, shard) groups of the HSDP mesh ``(2, w // 2)`` laid over ranks
-    ``0 .. w-1`` (rows shard, columns replicate; ranks outside get placeholders); and the
-    group of this rank alone.
+    The group of ranks ``0 .. w-1`` for every world size ``w``; for every mesh shape of
+    ``grid_shapes``, laid row-major over ranks ``0 .. w-1``, this rank's group on each of its
+    dims (ranks outside the mesh take part in making them but keep none); and the group of
+    this rank alone.
     """
+    import torch
     import torch.distributed as dist
 
     rank = dist.get_rank()
     worlds: dict[int, Any] = {w: dist.new_group(list(range(w))) for w in range(1, nproc)}
     worlds[nproc] = dist.group.WORLD
-    hsdp: dict[tuple[int, int], tuple[Any, Any]] = {}
-    for w in range(4, nproc + 1, 2):
-        half = w // 2
-        rows = [dist.new_group(list(range(r * half, (r + 1) * half))) for r in range(2)]
-        cols = [dist.new_group([c, c + half]) for c in range(half)]
-        if rank < w:
-            hsdp[(2, half)] = (cols[rank % half], rows[rank // half])
+    grids: dict[tuple[int, ...], tuple[Any, ...]] = {}
+    for shape in grid_shapes(nproc):
+        ranks = torch.arange(math.prod(shape)).view(shape)
+        dims = []
+        for d, size in enumerate(shape):
+            lines = ranks.movedim(d, -1).reshape(-1, size).tolist()
+            made = [dist.new_group(line) for line in lines]  # every rank makes every group, in one order
+            dims += [g for g, line in zip(made, lines, strict=True) if rank in line]
+        if rank < ranks.numel():
+            grids[shape] = tuple(dims)
     solos = [worlds[1] if r == 0 else dist.new_group([r]) for r in range(nproc)] if nproc > 1 else [worlds[1]]
-    return Groups(worlds, hsdp, solos[rank])
+    return Groups(worlds, grids, solos[rank])
 
 
 #: What a failed case is called, from its ranks: stuck in a collective (``hang``); ranks that

@@ -58,12 +58,15 @@ def collective(frames: list[Frame]) -> str | None:
     blocks in ``torch.distributed``; ``None`` when it is doing anything else.
 
     Only the innermost run of frames inside torch counts (dispatch and autograd frames sit
-    below a collective's wait): the rank is in a collective if one of them is a blocking
-    ``torch.distributed`` call. The outermost ``torch.distributed`` frame of that run names the
-    API that was called, and the first frame outside torch says who called it."""
+    below a collective's wait): the rank is in a collective if the innermost
+    ``torch.distributed`` frame of that run is a blocking call. (Not any frame of it: the
+    distributed checkpoint's own ``reduce_scatter`` helper runs each rank's local step, file
+    reads included, before its collective, and a rank busy there is not waiting.) The
+    outermost ``torch.distributed`` frame of that run names the API that was called, and the
+    first frame outside torch says who called it."""
     inner = [f for f in _leading(frames, lambda f: "/torch/" in f.file)]
-    blocking = next((f for f in inner if _blocks(f)), None)
-    if blocking is None:
+    blocking = next((f for f in inner if "/torch/distributed/" in f.file), None)
+    if blocking is None or not _blocks(blocking):
         return None
     api = [f for f in inner if "/torch/distributed/" in f.file and f.func not in _DECORATORS][-1]
     caller = frames[len(inner)] if len(inner) < len(frames) else None

@@ -3,6 +3,7 @@ groups, and comparing a sharded result with the full reference through DTensor i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -31,7 +32,7 @@ def factory_of(candidate: Any) -> Factory:
 
 #: a mesh's dim names by layout family (``harness.cases.Case.layout``); others: ``shard``
 #: on one dim, ``(replicate, shard)`` on two
-MESH_NAMES = {"tp": ("tp",), "fsdp×tp": ("dp", "tp"), "ep×efsdp": ("ep", "efsdp")}
+MESH_NAMES = {"tp": ("tp",), "fsdp×tp": ("dp", "tp"), "hsdp×tp": ("rep", "dp", "tp"), "ep×efsdp": ("ep", "efsdp")}
 
 
 def mesh_for(ctx: RankContext, mesh: tuple[int, ...], *, layout: str = "fsdp") -> DeviceMesh:
@@ -43,11 +44,10 @@ def mesh_for(ctx: RankContext, mesh: tuple[int, ...], *, layout: str = "fsdp") -
     if len(mesh) == 1:
         group = ctx.group if mesh[0] == ctx.world_size else ctx.world_groups[mesh[0]]
         return DeviceMesh.from_group(group, device_type, mesh_dim_names=names)
-    shape = (mesh[0], mesh[-1])
-    if len(mesh) != 2 or shape not in ctx.hsdp_groups:
-        raise ValueError(f"no HSDP groups for mesh {mesh}: 2-D meshes are (2, w // 2) for even w >= 4")
-    ranks = torch.arange(shape[0] * shape[1]).view(*shape)
-    return DeviceMesh.from_group(list(ctx.hsdp_groups[shape]), device_type, mesh=ranks, mesh_dim_names=names)
+    if mesh not in ctx.grid_groups:
+        raise ValueError(f"no groups for mesh {mesh}: multi-dim meshes are {sorted(ctx.grid_groups)}")
+    ranks = torch.arange(math.prod(mesh)).view(*mesh)
+    return DeviceMesh.from_group(list(ctx.grid_groups[mesh]), device_type, mesh=ranks, mesh_dim_names=names)
 
 
 def param_groups(named: Iterable[tuple[str, Tensor, bool]]) -> list[dict[str, Any]]:

@@ -95,7 +95,8 @@ def build_model(
 ) -> nn.Module:
     """The case's parameters in a module laid out as users lay them out: ``fully_shard`` on
     ``mesh`` (``None``: left plain); with ``case.tp > 1`` (and ``parallel``), ``parallelize_module``
-    on the ``tp`` dim by each matrix's style, then ``fully_shard`` on ``dp`` where there is one;
+    on the ``tp`` dim by each matrix's style, then ``fully_shard`` on ``dp`` (or HSDP on
+    ``(rep, dp)``) where there is one;
     with ``case.ep > 1`` (and ``parallel``), expert parallelism (``_expert_parallel``).
     ``linears``: matrices as ``nn.Linear`` weights in every layout, so that their names
     (``w0.weight``) are the same on every layout (what a checkpoint resharded across them needs)."""
@@ -110,7 +111,7 @@ def build_model(
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     model = _Holder(named, linears=True)
-    tp_mesh = mesh["tp"] if mesh.ndim == 2 else mesh
+    tp_mesh = mesh["tp"] if mesh.ndim > 1 else mesh
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {s.name: styles[s.style]() for s in case.params if s.style in styles and s.name in model.paths}
     parallelize_module(model, tp_mesh, plan)
@@ -120,8 +121,8 @@ def build_model(
             leaf = "weight" if s.name in model.paths else s.name
             t = getattr(owner, leaf)
             owner.register_parameter(leaf, nn.Parameter(distribute_tensor(t.detach(), tp_mesh, [Replicate()])))
-    if mesh.ndim == 2:
-        fully_shard(model, mesh=mesh["dp"])
+    if mesh.ndim > 1:
+        fully_shard(model, mesh=mesh["dp"] if mesh.ndim == 2 else mesh["rep", "dp"])
     return model
 
 

@@ -98,6 +98,32 @@ def layout_placements(ctx: RankContext, case: Any) -> dict[str, str]:
     return {s.name: str(tuple(getattr(case_param(model, s.name), "placements", ()))) for s in case.params}
 
 
+def owner_split_work(ctx: RankContext, case: Any) -> int:
+    """How many matrices (experts counted one by one) this rank orthogonalizes in one
+    ``owner_split`` step of ``ShardedMuon`` on the case's layout."""
+    import torch
+
+    from distributed_impl import ShardedMuon
+    from harness.tasks.common import mesh_for
+    from harness.tasks.optimizer import build_model, case_param
+    from reference import orthogonalize
+
+    done = 0
+
+    def counting(m: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        nonlocal done
+        done += m.shape[0] if m.ndim == 3 else 1
+        return orthogonalize(m, *args, **kwargs)
+
+    tensors = [torch.randn(s.shape) for s in case.params]
+    model = build_model(case, tensors, mesh_for(ctx, case.mesh, layout=case.layout))
+    params = [case_param(model, s.name) for s in case.params]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    ShardedMuon([{"params": params, "use_muon": True}], mode="owner_split", orthogonalize_fn=counting).step()
+    return done
+
+
 def debug_level(ctx: RankContext, payload: Any) -> str:
     """The C++ side's debug level: proves a case's ``env`` reached torch.distributed."""
     import torch.distributed as dist

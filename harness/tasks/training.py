@@ -61,6 +61,8 @@ class TrainingSpec(Protocol):
 
     def shard(self, model: nn.Module, mesh: Any) -> None: ...
 
+    # and, for FSDP2 × TP twins, ``tp_plan() -> dict`` (``parallelize_module``'s plan)
+
     def loss(self, model: nn.Module, rank: int, step: int, device: torch.device) -> Tensor:
         """The loss of ``rank``'s micro-batch on ``step`` (sets any per-rank model state first)."""
         ...
@@ -147,10 +149,20 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
 @dataclass(frozen=True)
 class TwinsCase:
     """A model to train as two FSDP2 twins (``run_training_twins``), ``accumulate``
-    micro-batches per step."""
+    micro-batches per step; with ``tp`` 2, FSDP2 × TP on a ``(dp, tp)`` mesh of ``(2, 2)``
+    (the spec's ``tp_plan`` by ``parallelize_module`` on ``tp``, then FSDP2 on ``dp``)."""
 
     spec: Any
     accumulate: int = 1
+    tp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp > 1 and self.world_size != 2 * self.tp:
+            raise ValueError(f"tp={self.tp} on {self.world_size} ranks: FSDP2 × TP twins run on a (2, tp) mesh")
+
+    @property
+    def layout(self) -> str:
+        return "fsdp×tp" if self.tp > 1 else "fsdp"
 
     @property
     def world_size(self) -> int:
@@ -161,7 +173,8 @@ class TwinsCase:
         return self.spec.candidate
 
     def describe(self) -> str:
-        return f"{self.spec.describe()} · twins · {self.accumulate} micro-batches per step"
+        layout = f" · FSDP2 × TP (2×{self.tp})" if self.tp > 1 else ""
+        return f"{self.spec.describe()} · twins{layout} · {self.accumulate} micro-batches per step"
 
 
 def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
@@ -171,16 +184,26 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
     gathered parameters and gradients, each rank then keeping its own piece. Both twins run
     the same forward and backward collectives, so gradients, parameters and optimizer state
     must agree bit for bit at any world size: a claim about the optimizer alone, with none
-    of FSDP2's reduction order in it."""
+    of FSDP2's reduction order in it. Under FSDP2 × TP the ranks of a ``tp`` group share
+    their ``dp`` rank's micro-batches."""
     from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor.parallel import parallelize_module
 
     spec, accumulate = case.spec, case.accumulate
     device = torch.device(ctx.device)
-    mesh = mesh_for(ctx, (spec.world_size,))
     model = spec.build().to(device)
     twin = copy.deepcopy(model)
-    spec.shard(model, mesh)
-    spec.shard(twin, mesh)
+    if case.tp > 1:
+        mesh = mesh_for(ctx, (2, case.tp), layout="fsdp×tp")
+        for m in (model, twin):
+            parallelize_module(m, mesh["tp"], spec.tp_plan())
+            spec.shard(m, mesh["dp"])
+        data_rank = mesh["dp"].get_local_rank()
+    else:
+        mesh = mesh_for(ctx, (spec.world_size,))
+        for m in (model, twin):
+            spec.shard(m, mesh)
+        data_rank = ctx.rank
     settings = optimizer_settings(spec.settings)
     opt = factory_of(spec.candidate)(model_groups(spec, model), **settings)
     full = {name: nn.Parameter(_whole(p).detach().clone()) for name, p in twin.named_parameters()}
@@ -192,7 +215,7 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
             last = micro == accumulate - 1
             for m in (model, twin):
                 m.set_requires_gradient_sync(last)  # type: ignore[operator]
-                spec.loss(m, ctx.rank, step * accumulate + micro, device).backward()
+                spec.loss(m, data_rank, step * accumulate + micro, device).backward()
         for name, p in twins.items():
             grad, cand = None if p.grad is None else _whole(p.grad), names[name].grad
             full[name].grad = grad
