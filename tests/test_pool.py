@@ -83,7 +83,7 @@ def test_every_failing_rank_keeps_its_own_message(pool):
     assert f"planted failure on rank {other}" in outcome.failure.stacks[other]
 
 
-def test_a_rank_busy_inside_a_checkpoint_helper_named_like_a_collective_is_not_waiting_in_one() -> None:
+def test_a_rank_busy_in_a_collectives_helper_is_not_waiting_in_a_collective() -> None:
     from harness.ranks.stacks import collective, main_thread_frames
 
     def dump(*inner: str) -> str:
@@ -103,7 +103,14 @@ def test_a_rank_busy_inside_a_checkpoint_helper_named_like_a_collective_is_not_w
         f'  File "{torch}/checkpoint/utils.py", line 193 in all_gather_object',
         '  File "/w/harness/tasks/optimizer.py", line 308 in _dcp_load',
     )
+    unpickling = dump(
+        f'  File "{torch}/distributed_c10d.py", line 3100 in _tensor_to_object',
+        f'  File "{torch}/distributed_c10d.py", line 3500 in broadcast_object_list',
+        f'  File "{torch}/checkpoint/utils.py", line 120 in broadcast_object',
+        '  File "/w/harness/tasks/optimizer.py", line 309 in _dcp_load',
+    )
     assert collective(main_thread_frames(busy)) is None
+    assert collective(main_thread_frames(unpickling)) is None
     assert (
         collective(main_thread_frames(waiting))
         == "all_gather in all_gather_object, called from optimizer.py:308 in _dcp_load"

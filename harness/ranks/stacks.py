@@ -78,11 +78,14 @@ def collective(frames: list[Frame]) -> str | None:
 
 
 def _blocks(f: Frame) -> bool:
-    """A frame that waits for peers: any call of the collectives' module (their names change
-    between torch versions: ``all_gather_single`` is 2.13's), a known collective, or a wait."""
+    """A frame that waits for peers: any public function of the collectives' module (their
+    names change between torch versions: ``all_gather_single`` is 2.13's), a known
+    collective, or a wait. Not that module's private helpers: ``_tensor_to_object``
+    unpickles what a broadcast brought, on this rank alone."""
     if "/torch/distributed/" not in f.file:
         return False
-    return f.file.endswith("distributed_c10d.py") or f.func in _BLOCKING or "wait" in f.func.lower()
+    public_c10d = f.file.endswith("distributed_c10d.py") and not f.func.startswith("_")
+    return public_c10d or f.func in _BLOCKING or "wait" in f.func.lower()
 
 
 def _leading(frames: list[Frame], inside: Callable[[Frame], bool]) -> list[Frame]:
