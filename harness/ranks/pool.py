@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -65,6 +65,21 @@ _PRELOAD = [
     "harness.tasks.selftest",
     "harness.ranks.warmup",
 ]
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``extra`` on top, for the duration."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass(frozen=True)
@@ -219,6 +234,12 @@ class RankPool:
         self.stall_s = stall_s if stall_s is not None else 1.0 * crowded
         self.spawns = 0
         self._ctx: Any
+        #: what CPU ranks and their forkserver must not see: the GPUs. On a machine with one,
+        #: torch 2.11 marks every process forked from the server as a bad fork for CUDA, even
+        #: where the server never initialized it, and the distributed checkpoint's file
+        #: writer, seeing a GPU, takes a CUDA stream: "Cannot re-initialize CUDA in forked
+        #: subprocess" on every checkpoint case (measured on the H200 machine's CPUs).
+        self._hidden: dict[str, str] = {}
         if self.devices[0].startswith("cuda"):
             # A CUDA rank cannot be forked from a server that has touched the CUDA driver, and
             # the preload does: CUDA ranks are spawned, each paying its own start-up.
@@ -226,6 +247,7 @@ class RankPool:
         else:
             self._ctx = mp.get_context("forkserver")
             self._ctx.set_forkserver_preload(_PRELOAD)
+            self._hidden = {"CUDA_VISIBLE_DEVICES": ""}
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._logs: list[str] = []
@@ -259,7 +281,7 @@ class RankPool:
                 pg_timeout_s=self.pg_timeout_s,
                 # Forked from the forkserver, a worker has the environment the server started
                 # with: give it this process's, as it is now, and the case's on top.
-                env={**os.environ, **self._env},
+                env={**os.environ, **self._hidden, **self._env},
                 log_path=self._logs[rank],
             )
             proc = self._ctx.Process(
@@ -268,7 +290,8 @@ class RankPool:
                 daemon=True,
                 name=f"muongate-rank{rank}",
             )
-            proc.start()
+            with _environment(self._hidden):  # the forkserver starts with the first rank
+                proc.start()
             child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
