@@ -159,7 +159,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--modes", default="all_ranks,owner_split")
     parser.add_argument("--bucket-numel", type=int, default=1 << 26, help="ShardedMuon's bucket_numel (owner_split)")
-    parser.add_argument("--batch-numel", type=int, default=1 << 22, help="ShardedMuon's batch_numel (0: never batch)")
+    parser.add_argument(
+        "--batch-numel", type=int, default=0, help="ShardedMuon's batch_numel (0, the default: never batch)"
+    )
     parser.add_argument(
         "--pause",
         type=float,

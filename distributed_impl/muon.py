@@ -55,8 +55,9 @@ class ShardedMuon(Muon):
     ``mode``: ``"all_ranks"`` (every rank orthogonalizes every matrix; easiest to audit)
     or ``"owner_split"`` (each matrix on one owner rank of the whole mesh, no replica
     redoing another's; rows exchanged point to point, in buckets of about ``bucket_numel``
-    elements per rank; the owner batches equal shapes of at most ``batch_numel`` elements
-    where that is bitwise, see ``batching``; 0 = never).
+    elements per rank). ``batch_numel``: the owner batches equal shapes of at most that many
+    elements once a probe agreed bit for bit; off (0) by default, because agreement on one
+    input does not prove it for the next (see ``batching``).
     ``orthogonalize_fn``: the Newton–Schulz function, the reference's by default; it is
     called as ``fn(matrix, steps, ns_coefficients=…, eps=…, eps_form=…, dtype=…)``.
     Settings, validation and checkpoint loading are the reference's own.
@@ -68,7 +69,7 @@ class ShardedMuon(Muon):
         *,
         mode: Mode = "all_ranks",
         bucket_numel: int = 1 << 26,
-        batch_numel: int = 1 << 22,
+        batch_numel: int = 0,
         orthogonalize_fn: Orthogonalizer | None = None,
         **settings: Any,
     ) -> None:

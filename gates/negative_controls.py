@@ -241,6 +241,17 @@ class FirstReplicaMuon(PlantedMuon):
             super().apply(local, ortho, group, scaled_lr)
 
 
+class ExpertRowsMuon(PlantedMuon):
+    """Orthogonalizes each expert of an expert-parallel stack on this rank's rows of it (its
+    ``efsdp`` piece) instead of the whole expert: an expert-parallel Muon that gathers over
+    ``ep`` and forgets the expert-FSDP dim."""
+
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        if p.ndim == 3 and any(isinstance(pl, Shard) and pl.dim == 1 for pl in p.placements) and update.numel():
+            return ns(update)
+        return super().orthogonalized_piece(update, p, ns)
+
+
 class LocalStateMuon(PlantedMuon):
     """Keeps the momentum buffer as a plain tensor of this rank's piece: the checkpoint stores
     it without its layout, so a checkpoint loaded on another layout gets the wrong rows."""
@@ -261,6 +272,7 @@ LAYOUT_CONTROLS: dict[str, tuple[type[PlantedMuon], int]] = {
     "LocalColumnsMuon": (LocalColumnsMuon, 2),
     "FirstReplicaMuon": (FirstReplicaMuon, 2),
     "StridedOrderMuon": (StridedOrderMuon, 4),
+    "ExpertRowsMuon": (ExpertRowsMuon, 4),
 }
 
 

@@ -211,15 +211,23 @@ def layout_cases(
     gives ``_StridedShard``). Shapes are drawn for the TP split, so rows or columns are often
     not divisible by it, and some ranks hold empty pieces. With four ranks or more it also
     draws HSDP, and expert parallelism (``ep`` 2: 3-D stacks split over ``ep`` by experts
-    and over ``efsdp`` by rows). Shrinks towards today's layout: pure TP on ``min_world``
-    ranks, colwise, which is ``(Shard(0),)`` on a 1-D mesh (on one rank: FSDP2 alone)."""
+    and over ``efsdp`` by rows); with eight, HSDP × TP on a 3-D mesh. Each family is drawn as
+    often as the others, then a world size it runs on. Shrinks towards today's layout: pure
+    TP on ``min_world`` ranks, colwise, which is ``(Shard(0),)`` on a 1-D mesh (on one rank:
+    FSDP2 alone)."""
     _check_bounds("min_world", min_world, "max_world", max_world)
+
+    # the family first, then a world size it runs on: every family as often as the others
+    families: dict[str, list[tuple[int, int, int, tuple[int, ...]]]] = {}
+    for w in range(min_world, max_world + 1):
+        options = _layouts(w)
+        for tp, ep, mesh in options[1:] or options:  # FSDP2 alone only on one rank
+            family = Case(params=(), world_size=w, mesh=mesh, tp=tp, ep=ep).layout
+            families.setdefault(family, []).append((w, tp, ep, mesh))
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
-        world = draw(st.integers(min_world, max_world))
-        options = _layouts(world)
-        tp, ep, mesh = draw(st.sampled_from(options[1:] or options))  # FSDP2 alone only on one rank
+        world, tp, ep, mesh = draw(st.sampled_from(families[draw(st.sampled_from(list(families)))]))
         shapes = matrix_shapes(max_side=24, world_size=mesh[-1] if tp == 1 else tp, experts=ep > 1)
         params = []
         for i in range(draw(st.integers(1, max_params))):
