@@ -198,3 +198,14 @@ def test_fixed_moe_on_four_ranks_stays_within_the_reduction_order_tier(gate_runn
     empty = ((1, 3), (2, 0), (3, 1), (3, 2))
     case = MoECase("fixed, 4 ranks", wrapping, "fixed", empty, world_size=4, steps=3)  # type: ignore[arg-type]
     gate_runner.check("moe:fixed-4-ranks", case, task="training")
+
+
+def test_the_models_empty_expert_scenario_completes(gate_runner: Any, gate_model: Any) -> None:
+    """A ``--model`` model that stages an empty expert (``muongate_no_tokens``) runs as a
+    scenario on 2 ranks: it must complete and match the single-process reference bitwise;
+    a hang, an abort or a silent difference is its finding, shown in the scenario table."""
+    if gate_model is None or not gate_model.empty:
+        pytest.skip("moe:model: needs a --model factory that declares muongate_no_tokens")
+    case = gate_model.on(2, steps=3)
+    verdict = gate_runner.reproduce("moe:model", case)
+    assert verdict.outcome == "completed", f"{case.spec}, {'; '.join(case.empty)}: {verdict.outcome}: {verdict.detail}"

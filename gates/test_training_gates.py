@@ -103,3 +103,37 @@ def test_training_twins_catch_off_by_one_shard_boundary(gate_runner: Any) -> Non
         TwinsCase.describe,
         max_examples=1,
     )
+
+
+# -- a team's own model (``--model MODULE:FACTORY``, harness/models/plugin.py) --------------
+def _model(gate_model: Any, gate: str, world: int) -> Any:
+    if gate_model is None:
+        pytest.skip(f"{gate}: trains the --model factory's model; none was given")
+    if world > NPROC:
+        pytest.skip(f"{gate}: needs --nproc {world}")
+    return gate_model.on(world)
+
+
+def test_the_models_training_matches_single_process_reference(gate_runner: Any, gate_model: Any) -> None:
+    """The same claim as for muongate's transformer, on the ``--model`` model: bitwise on 2
+    ranks, the ``reduction_order`` tier beyond."""
+    gate_runner.reference_only("training:model")
+    gate_runner.train("training:model", _model(gate_model, "training:model", min(NPROC, 4)))
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_the_models_training_twins_agree_bitwise(gate_runner: Any, gate_model: Any, world: int) -> None:
+    gate_runner.reference_only("training:model:twins")
+    case = _model(gate_model, "training:model:twins", world)
+    gate_runner.check("training:model:twins", TwinsCase(case, accumulate=2), task="twins")
+
+
+def test_the_models_training_twins_agree_bitwise_under_fsdp2_over_tensor_parallel(
+    gate_runner: Any, gate_model: Any
+) -> None:
+    gate_runner.reference_only("training:model:twins:fsdp×tp")
+    case = _model(gate_model, "training:model:twins:fsdp×tp", 4)
+    if not case.tp_styles:
+        pytest.skip(f"training:model:twins:fsdp×tp: {case.spec} declares no muongate_tp_plan")
+    gate_runner.require("training:model:twins:fsdp×tp", {"fsdp_tp"}, "its claim is FSDP2 × TP training")
+    gate_runner.check("training:model:twins:fsdp×tp", TwinsCase(case, accumulate=2, tp=2), task="twins")

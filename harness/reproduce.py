@@ -5,7 +5,7 @@ It names the test so that pytest finds it from anywhere (``--pyargs gates.…`` 
 muongate's own gates, the file's absolute path otherwise), loads the plug-in by name
 (``-p harness.plugin``: harmless where the entry point already loads it), puts the roots of
 muongate, the candidate and the kernel on ``PYTHONPATH``, and repeats every option that
-decides which cases run and how: ``--nproc``, ``--impl``, ``--kernel``, ``--against``,
+decides which cases run and how: ``--nproc``, ``--impl``, ``--kernel``, ``--model``, ``--against``,
 ``--gate-device`` and hypothesis's profile and seed. Under the ``ci`` profile the cases are
 derandomized, so the rerun draws the same ones; under a random profile the session's seed
 is fixed (``harness.plugin`` picks one when none is given) and repeated here.
@@ -40,6 +40,7 @@ class Rerun:
     launcher: bool = False
     impl: str | None = None
     kernel: str | None = None
+    model: str | None = None
     against: str = "reference"
     device: str = "cpu"
     profile: str = "ci"
@@ -54,6 +55,7 @@ class Rerun:
         options += _pairs(
             ("--impl", self.impl),
             ("--kernel", self.kernel),
+            ("--model", self.model),
             ("--against", None if self.against == "reference" else self.against),
             ("--gate-device", None if self.device == "cpu" else self.device),
             ("--hypothesis-profile", None if self.profile == "ci" else self.profile),
@@ -69,7 +71,7 @@ class Rerun:
         return f"{path}::{test}", False
 
     def _path(self) -> str:
-        specs = [s for s in (self.impl, self.kernel) if s]
+        specs = [s for s in (self.impl, self.kernel, self.model) if s]
         roots = [module_root("harness"), *(module_root(s.partition(":")[0]) for s in specs)]
         return os.pathsep.join(_unique(r for r in roots if r))
 

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     directory = Path(args.report)
     stream = ResultStream(directory / "results.jsonl")
     stream.write(make_header(backend=backend, devices=devices, nproc=args.nproc), sync=True)
-    console = Console()
+    console = Console(emoji=False)
     run_id = uuid.uuid4().hex
     train_bits: list[float] = []
     held_out: list[float] = []

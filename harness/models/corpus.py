@@ -9,10 +9,14 @@ the same one.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Literal
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from harness.cases.tensors import generator
 
 
 @functools.cache
@@ -28,3 +32,29 @@ def split(part: Literal["train", "held_out"]) -> Tensor:
     data = torch.frombuffer(bytearray(corpus()), dtype=torch.uint8).long()
     cut = int(len(data) * 0.9)
     return data[:cut] if part == "train" else data[cut:]
+
+
+def next_byte_loss(
+    model: nn.Module, seed: int, rank: int, step: int, batch: int, seq: int, device: torch.device
+) -> Tensor:
+    """Cross-entropy (nats per byte) of ``model`` predicting each next byte of ``rank``'s
+    micro-batch of ``step``: ``batch`` windows of ``seq + 1`` training bytes at offsets drawn
+    from (seed, step, rank). ``model(tokens)`` returns logits over 256 bytes, or an object
+    holding them as ``.logits`` (as Hugging Face models do)."""
+    data = split("train")
+    starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=generator(seed, rank, step))
+    windows = torch.stack([data[s : s + seq + 1] for s in starts.tolist()]).to(device)
+    logits = _logits(model(windows[:, :-1]))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def held_out_bits(model: nn.Module, seq: int, device: torch.device) -> float:
+    """Bits per byte on the first 16 windows of the held-out bytes."""
+    windows = split("held_out")[: 16 * (seq + 1)].view(16, seq + 1).to(device)
+    logits = _logits(model(windows[:, :-1]))
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))) / math.log(2)
+
+
+def _logits(out: object) -> Tensor:
+    return out if isinstance(out, Tensor) else out.logits  # type: ignore[attr-defined]

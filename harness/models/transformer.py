@@ -17,18 +17,15 @@ takes the embedding, the head and the norms.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.fsdp import fully_shard
 
 from harness.cases.case import candidate_name
-from harness.cases.tensors import generator
-from harness.models.corpus import split
+from harness.models.corpus import held_out_bits, next_byte_loss
 from harness.models.moe import MoE
 
 Mlp = Literal["dense", "moe"]
@@ -93,22 +90,12 @@ class TransformerCase:
         fully_shard(model, mesh=mesh)
 
     def loss(self, model: nn.Module, rank: int, step: int, device: torch.device) -> Tensor:
-        """Cross-entropy (nats per byte) on ``rank``'s micro-batch of ``step``: ``batch``
-        windows of the training bytes at offsets drawn from (seed, step, rank)."""
-        data = split("train")
-        gen = generator(self.seed, rank, step)
-        starts = torch.randint(0, len(data) - self.seq - 1, (self.batch,), generator=gen)
-        windows = torch.stack([data[s : s + self.seq + 1] for s in starts.tolist()]).to(device)
-        logits = model(windows[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, 256), windows[:, 1:].reshape(-1))
+        """Cross-entropy (nats per byte) on ``rank``'s micro-batch of ``step`` (``next_byte_loss``)."""
+        return next_byte_loss(model, self.seed, rank, step, self.batch, self.seq, device)
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, device: torch.device) -> float:
         """Bits per byte on the first 16 windows of the held-out bytes."""
-        data = split("held_out")
-        windows = data[: 16 * (self.seq + 1)].view(16, self.seq + 1).to(device)
-        logits = model(windows[:, :-1])
-        return float(F.cross_entropy(logits.reshape(-1, 256), windows[:, 1:].reshape(-1))) / math.log(2)
+        return held_out_bits(model, self.seq, device)
 
 
 class Attention(nn.Module):

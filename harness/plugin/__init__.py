@@ -40,6 +40,7 @@ _RUNNER = pytest.StashKey[Any]()
 _SKIPS = pytest.StashKey[list[tuple[str, str]]]()
 _IMPL = pytest.StashKey[Any]()
 _KERNEL = pytest.StashKey[Any]()
+_MODEL = pytest.StashKey[Any]()
 _BASELINE = pytest.StashKey[Any]()
 _BASELINE_DIFF = pytest.StashKey[Any]()
 _DEVICES = pytest.StashKey[tuple[str, list[str]]]()
@@ -118,6 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_DEVICES] = _resolve_device(config, nproc)
     config.stash[_IMPL] = _impl(config)
     config.stash[_KERNEL] = _kernel(config)
+    config.stash[_MODEL] = _model(config)
     config.stash[_BASELINE] = _baseline(config)
     if _is_xdist_controller(config):
         # Workers stream to results-gwN.jsonl and the controller merges every such file in
@@ -197,6 +199,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         device="cuda" if backend == "nccl" else "cpu",
         profile=settings.get_current_profile_name(),
         seed=None if seed is None else str(seed),
+        model=config.getoption("model"),
     )
     runner = GateRunner(
         pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun
@@ -228,6 +231,18 @@ def _impl(config: pytest.Config) -> Any:
     from harness.candidates import Impl
 
     return _load_plugin(config, "impl", Impl.load, "MODULE:FACTORY")
+
+
+def _model(config: pytest.Config) -> Any:
+    from harness.models.plugin import ModelCase
+
+    return _load_plugin(config, "model", ModelCase.load, "MODULE:FACTORY")
+
+
+@pytest.fixture(scope="session")
+def gate_model(request: pytest.FixtureRequest) -> Any:
+    """The ``--model`` factory's model as a training spec (``harness.models.plugin.ModelCase``), or ``None``."""
+    return request.config.stash[_MODEL]
 
 
 def _kernel(config: pytest.Config) -> Any:
@@ -392,8 +407,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     summary = summarize(records)
     if summary.empty:
         return
-    console = Console(
-        file=terminalreporter._tw._file, width=max(140, terminalreporter._tw.fullwidth), no_color="CI" in os.environ
+    console = Console(  # no emoji: "examples.hf_llama:llama" is a spec, not ":llama:"
+        file=terminalreporter._tw._file,
+        width=max(140, terminalreporter._tw.fullwidth),
+        no_color="CI" in os.environ,
+        emoji=False,
     )
     console.print(render(summary), crop=False)  # a reproduce command stays whole, to be copied
     directory = streams[0].parent

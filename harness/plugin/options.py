@@ -42,6 +42,13 @@ def add_options(parser: pytest.Parser) -> None:
         "(the contract is in harness/candidates/impl.py and the README).",
     )
     group.addoption(
+        "--model",
+        metavar="MODULE:FACTORY",
+        default=None,
+        help="also train this model (FACTORY() -> nn.Module) through the training gates: the single-process "
+        "comparison and the training twins (the contract is in harness/models/plugin.py and the README).",
+    )
+    group.addoption(
         "--kernel",
         metavar="MODULE:FN",
         default=None,

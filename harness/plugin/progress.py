@@ -32,7 +32,7 @@ class CaseProgress:
             TextColumn("{task.description}"),
             TextColumn("{task.completed} cases, {task.fields[failed]} failed"),
             TimeElapsedColumn(),
-            console=Console(file=tty, force_terminal=True),
+            console=Console(file=tty, force_terminal=True, emoji=False),
             transient=True,
         )
         self._tty = tty
