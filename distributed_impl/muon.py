@@ -63,6 +63,9 @@ class ShardedMuon(Muon):
     Settings, validation and checkpoint loading are the reference's own.
     """
 
+    #: what it declares when it is itself the ``--impl`` candidate (every layout family)
+    muongate_layouts = frozenset({"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"})
+
     def __init__(
         self,
         params: Iterable[Any],

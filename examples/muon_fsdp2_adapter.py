@@ -62,3 +62,4 @@ muon_fsdp2.muongate_conventions = {  # type: ignore[attr-defined]
     "adjust_lr_fn": "match_rms_adamw",
 }
 muon_fsdp2.muongate_features = {"adamw"}  # type: ignore[attr-defined]
+muon_fsdp2.muongate_package = "muon-fsdp2"  # type: ignore[attr-defined]

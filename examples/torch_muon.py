@@ -78,3 +78,4 @@ torch_muon.muongate_conventions = {  # type: ignore[attr-defined]
 }
 torch_muon.muongate_max_world = 1  # type: ignore[attr-defined]
 torch_muon.muongate_features = {"adamw"}  # type: ignore[attr-defined]
+torch_muon.muongate_package = "torch"  # type: ignore[attr-defined]

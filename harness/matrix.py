@@ -1,0 +1,175 @@
+"""The compatibility matrix: every adapter through the gates, one row each.
+
+    python -m harness.matrix --nproc 2 --profile dev -k "one_sharded_step or several_steps" \\
+        distributed_impl:ShardedMuon examples.broken_muon:broken_muon examples.muon_fsdp2_adapter:muon_fsdp2
+
+Each adapter runs in a pytest process of its own (``--impl SPEC``, its report under
+``OUT/<slug>/``), so a crash in one cannot take the others down. Its cells come from that
+run's own records (``reports.summary.summarize``): a cell per gate and one per layout family,
+each one of ``bitwise``, ``tier`` (within a named tolerance tier, with max|diff|), ``passes``
+(the gate's own verdict with nothing to compare, e.g. an input refused by name), ``fails``
+(max|diff| and the minimal case), ``crashes`` (hang, abort, collective mismatch or error,
+with the message), ``not supported`` (skipped for a declaration the candidate made, named)
+or ``not run``. A cell counts only what ran the candidate: a gate of muongate's own code
+(``judges``) is skipped under ``--impl`` and shows as ``not run``. The matrix is written as
+``OUT/matrix.md`` and ``OUT/matrix.html`` and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from reports.matrix import Cell, Matrix, Row, render_html, render_markdown, render_terminal
+from reports.records import CaseResult, Skip
+from reports.stream import read_streams
+from reports.summary import summarize
+
+CRASHES = ("hang", "abort", "collective mismatch", "error")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    spec: str
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.spec)
+
+    def package(self) -> str:
+        """``name version`` of the package the adapter declares (``muongate_package``), else the spec."""
+        module, _, attr = self.spec.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except Exception as e:  # an adapter whose package does not import: its row says why
+            return f"{self.spec} (does not import: {type(e).__name__}: {e})"
+        name = getattr(factory, "muongate_package", None)
+        if name is None:
+            return self.spec
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            return f"{name} (not installed)"
+
+
+def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
+    """One adapter through the gates in its own pytest process; its row from its records."""
+    directory = out / adapter.slug
+    command = [
+        sys.executable, "-m", "pytest", "--pyargs", "gates", "-m", "gate", "-q", "-p", "no:randomly",
+        "-p", "no:cacheprovider", "--nproc", str(args.nproc), "--impl", adapter.spec,
+        "--hypothesis-profile", args.profile, "--gate-report", str(directory),
+        *(["-k", args.k] if args.k else []),
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+        note = "" if done.returncode in (0, 1) else _usage(done.stdout + done.stderr)
+    except subprocess.TimeoutExpired:
+        note = f"the run took longer than {args.timeout:g} s and was stopped"
+    streams = sorted(directory.glob("results*.jsonl"))
+    return row_of(adapter.spec, adapter.package(), read_streams(streams) if streams else [], note)
+
+
+def _usage(text: str) -> str:
+    lines = [line for line in text.splitlines() if "error:" in line.lower() or "UsageError" in line]
+    return (lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else "no output")[:300]
+
+
+def row_of(spec: str, package: str, records: Sequence[object], note: str = "") -> Row:
+    """An adapter's cells from its run's records."""
+    summary = summarize(records)  # type: ignore[arg-type]
+    cells: dict[str, Cell] = {}
+    failures = {(f.gate, f.finding): f for f in summary.failures}
+    for g in summary.gates.values():
+        if g.gate.startswith("negative:"):
+            continue
+        crash = next((k for k in CRASHES if g.statuses.get(k)), None)
+        n = (g.cases, g.narrowed_cases)
+        if crash is not None:
+            f = failures.get((g.gate, crash))
+            cells[g.gate] = Cell("crashes", f"{crash}: {_first_line(f.message) if f else ''}", *n)
+        elif g.failed_cases:
+            f = next((f for (gate, _), f in failures.items() if gate == g.gate), None)
+            minimal = f"; minimal case {f.case}" if f else ""
+            cells[g.gate] = Cell("fails", f"max|diff| {_fmt(g.worst_abs_diff)}{minimal}", *n)
+        elif g.tolerance_passes:
+            tiers = ", ".join(t for t in g.tiers if t != "bitwise")
+            cells[g.gate] = Cell("tier", f"{tiers}, max|diff| {_fmt(g.worst_abs_diff)}", *n)
+        elif not g.comparisons:
+            cells[g.gate] = Cell("passes", "nothing compared: the gate's own verdict", *n)
+        else:
+            cells[g.gate] = Cell("bitwise", f"{g.bitwise}/{g.comparisons}", *n)
+    for s in summary.skips:
+        gate, declared = _declared_skip(s)
+        if gate and gate not in cells:
+            cells[gate] = Cell("not supported", declared, 0)
+    layouts = {family: _layout_cell(cases) for family, cases in _by_layout(records).items()}
+    return Row(spec, package, summary.header.torch, summary.header.backend, cells, layouts, note)
+
+
+def _layout_cell(cases: list[CaseResult]) -> Cell:
+    """Every gate's cases of one layout family: fails if any failed, else bitwise or in a tier."""
+    failed = sum(not c.passed for c in cases)
+    n = (len(cases), sum(bool(c.narrowed) for c in cases))
+    if failed:
+        return Cell("fails", f"{failed} of {len(cases)} cases failed", *n)
+    comparisons = [c for case in cases for c in case.comparisons]
+    if all(c.bitwise for c in comparisons):
+        return Cell("bitwise", f"{len(comparisons)}/{len(comparisons)}", *n)
+    worst = max((c.max_abs_diff for c in comparisons), default=0.0)
+    return Cell("tier", f"max|diff| {_fmt(worst)}", *n)
+
+
+def _declared_skip(s: Skip) -> tuple[str, str]:
+    """A skip for something the candidate did not declare: ``(gate, what)``; else ``("", "")``."""
+    m = re.match(r"(?P<gate>[\w:.×-]+): not run: .*? does not declare (?P<what>.+)$", s.reason)
+    return (m["gate"], f"does not declare {m['what']}") if m else ("", "")
+
+
+def _by_layout(records: Sequence[object]) -> dict[str, list[CaseResult]]:
+    families: dict[str, list[CaseResult]] = {}
+    for r in records:
+        if isinstance(r, CaseResult) and r.layout and not r.gate.startswith("negative:"):
+            families.setdefault(r.layout, []).append(r)
+    return families
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:200] if text.strip() else ""
+
+
+def _fmt(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.matrix", description=__doc__.splitlines()[0])
+    parser.add_argument("adapters", nargs="+", metavar="MODULE:FACTORY")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--profile", default="dev", help="hypothesis profile of every run (default: dev)")
+    parser.add_argument("-k", default="", help="pytest -k expression: which gates run (default: all)")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one adapter's run may take")
+    parser.add_argument("--out", default="muongate-matrix", help="directory for the runs and the matrix")
+    args = parser.parse_args(argv)
+    if args.nproc < 1 or args.timeout <= 0:
+        parser.error(f"--nproc {args.nproc} and --timeout {args.timeout:g} must be positive")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("CI", "true")  # plain progress in the subprocesses' logs
+    matrix = Matrix([run_adapter(Adapter(spec), out, args) for spec in args.adapters])
+    (out / "matrix.md").write_text(render_markdown(matrix), encoding="utf-8")
+    (out / "matrix.html").write_text(render_html(matrix), encoding="utf-8")
+    render_terminal(matrix)
+    print(f"muongate matrix: {out}/matrix.md, matrix.html")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Claims about the compatibility matrix: each cell says what its gate's cases did (bitwise,
+in a tier, fails with its minimal case, crashes with its message, not supported with the
+declaration), and a deliberately broken adapter fails the cells that ShardedMuon passes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.matrix import row_of
+from reports.matrix import Matrix, render_html, render_markdown
+from reports.records import CaseResult, Comparison, Header, Skip
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _case(i: int, gate: str, status: str = "passed", **comparison: object) -> CaseResult:
+    c = Comparison("w0", (4, 4), **comparison)  # type: ignore[arg-type]
+    return CaseResult(
+        i, gate, f"w0[4, 4] · case {i}", status, message=f"{status} on rank 1", comparisons=(c,), layout="fsdp"
+    )  # type: ignore[arg-type]
+
+
+def test_each_cell_says_what_its_gates_cases_did() -> None:
+    records = [
+        Header(torch="2.13.0+cpu", backend="gloo"),
+        _case(1, "one_step"),
+        _case(2, "several_steps", "failed", bitwise=False, passed=False, max_abs_diff=0.5),
+        _case(3, "training", tier="reduction_order", tier_kind="tolerance", bitwise=False, max_abs_diff=1e-3),
+        _case(4, "robust:empty-local-shards", "hang"),
+        Skip(
+            "checkpoint", "checkpoint: not run: its claim is a checkpoint round trip, and x does not declare checkpoint"
+        ),
+    ]
+    row = row_of("x:y", "x 1.0", records)
+    cells = {gate: (c.status, c.detail) for gate, c in row.gates.items()}
+    assert cells["one_step"] == ("bitwise", "1/1")
+    assert cells["several_steps"] == ("fails", "max|diff| 0.5; minimal case w0[4, 4] · case 2")
+    assert cells["training"] == ("tier", "reduction_order, max|diff| 0.001")
+    assert cells["robust:empty-local-shards"] == ("crashes", "hang: hang on rank 1")
+    assert cells["checkpoint"] == ("not supported", "does not declare checkpoint")
+    assert row.layouts["fsdp"].status == "fails"
+    markdown = render_markdown(Matrix([row]))
+    assert markdown.splitlines()[0].startswith("| package | adapter | torch, backend | checkpoint |")
+    assert "fails (1): max\\|diff\\| 0.5" in markdown
+    assert '<td class="crashes">' in render_html(Matrix([row]))
+
+
+def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path),
+         "distributed_impl:ShardedMuon", "examples.broken_muon:broken_muon"],
+        capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = [line for line in (tmp_path / "matrix.md").read_text().splitlines() if line.startswith("| ")][1:]
+    sharded, broken = (dict(zip(["package", "adapter", "torch", "one_step", "fsdp"], (c.strip() for c in r.strip("|").split(" | ")), strict=False)) for r in rows)  # fmt: skip
+    assert sharded["one_step"].startswith("bitwise ("), sharded
+    assert broken["one_step"].startswith("fails ("), broken
+    assert "minimal case w0[" in broken["one_step"], broken
