@@ -90,15 +90,11 @@ def row_of(spec: str, package: str, records: Sequence[object], note: str = "") -
     for g in summary.gates.values():
         if g.gate.startswith("negative:"):
             continue
-        crash = next((k for k in CRASHES if g.statuses.get(k)), None)
         n = (g.cases, g.narrowed_cases)
-        if crash is not None:
-            f = failures.get((g.gate, crash))
-            cells[g.gate] = Cell("crashes", f"{crash}: {_first_line(f.message) if f else ''}", *n)
-        elif g.failed_cases:
-            f = next((f for (gate, _), f in failures.items() if gate == g.gate), None)
-            minimal = f"; minimal case {f.case}" if f else ""
-            cells[g.gate] = Cell("fails", f"max|diff| {_fmt(g.worst_abs_diff)}{minimal}", *n)
+        found = [f for (gate, _), f in failures.items() if gate == g.gate]
+        if g.failed_cases:
+            crashed = any(f.finding in CRASHES for f in found)
+            cells[g.gate] = Cell("crashes" if crashed else "fails", "; ".join(_finding(f, g) for f in found), *n)
         elif g.tolerance_passes:
             tiers = ", ".join(t for t in g.tiers if t != "bitwise")
             cells[g.gate] = Cell("tier", f"{tiers}, max|diff| {_fmt(g.worst_abs_diff)}", *n)
@@ -141,8 +137,14 @@ def _by_layout(records: Sequence[object]) -> dict[str, list[CaseResult]]:
     return families
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0][:200] if text.strip() else ""
+def _finding(f: CaseResult, g: object) -> str:
+    """One kind of finding of a gate: what it was, its minimal case, and its message or max|diff|."""
+    if f.finding in CRASHES:
+        first = f.message.strip().splitlines()[0] if f.message.strip() else ""
+        first = first.removeprefix(f"{f.gate}: ").removeprefix(f"{f.finding}: ")[:200]
+        return f"{f.finding} at {f.case}: {first}"
+    worst = max((c.max_abs_diff for c in f.comparisons if not c.passed), default=None)
+    return f"{f.finding} (max|diff| {_fmt(worst)}) at {f.case}"
 
 
 def _fmt(x: float | None) -> str:

@@ -5,6 +5,7 @@ one, its test fails, and the README's line about it must change."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,12 @@ def test_muon_fsdp2_step_on_unevenly_sharded_rows_breaks_the_gather() -> None:
     assert run.returncode != 0, run.stdout[-2000:]
     assert "rank 1: weight (3, 4), local rows 1" in run.stdout, run.stdout[-2000:]
     assert "Received data size doesn't match expected size" in run.stdout + run.stderr, run.stderr[-2000:]
+
+
+def test_muon_fsdp2_moves_a_parameter_that_has_no_gradient() -> None:
+    pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
+    script = str(FINDINGS / "muon_fsdp2_moves_without_gradient.py")
+    run = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", script)
+    assert run.returncode != 0, run.stdout[-2000:]
+    moved = re.search(r"largest change of a weight without a gradient: (\S+)", run.stdout)
+    assert moved is not None and float(moved[1]) > 0, run.stdout[-2000:]

@@ -24,6 +24,7 @@ by reference), so every rank builds the same model.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -86,9 +87,9 @@ class ModelCase:
     def name(self) -> str:
         return self.spec
 
-    @property
+    @functools.cached_property
     def adamw_modules(self) -> tuple[str, ...]:
-        """What AdamW takes (``harness.tasks.training.model_groups``)."""
+        """What AdamW takes (``harness.tasks.training.model_groups``); found once, on a model built for it."""
         if self.adamw_names is not None:
             return self.adamw_names
         return _embeddings_and_head(self.build())
