@@ -60,7 +60,8 @@ class Matrix:
             cells = [r.gates.get(g, NOT_RUN).text() for g in gates]
             cells += [r.layouts.get(f, NOT_RUN).text() for f in layouts]
             package = r.package + (f" ({r.note})" if r.note else "")
-            rows.append([package, r.spec, f"{r.torch}, {r.backend}", *cells])
+            ran = f"{r.torch}, {r.backend}" if r.torch else "– (did not run)"
+            rows.append([package, r.spec, ran, *cells])
         return columns, rows
 
 

@@ -61,3 +61,13 @@ def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes(tmp_path: Pat
     assert sharded["one_step"].startswith("bitwise ("), sharded
     assert broken["one_step"].startswith("fails ("), broken
     assert "differs from reference (max|diff| " in broken["one_step"] and " at w0[" in broken["one_step"], broken
+
+
+def test_an_adapter_whose_package_does_not_import_gets_a_row_that_says_so() -> None:
+    from harness.matrix import Adapter
+
+    assert Adapter("no_such_package:muon").package() == (
+        "no_such_package:muon (does not import: ModuleNotFoundError: No module named 'no_such_package')"
+    )
+    row = row_of("no_such_package:muon", "no_such_package:muon", [], note="usage error")
+    assert Matrix([row]).table()[1][0][2] == "– (did not run)"

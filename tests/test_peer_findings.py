@@ -43,3 +43,11 @@ def test_muon_fsdp2_moves_a_parameter_that_has_no_gradient() -> None:
     assert run.returncode != 0, run.stdout[-2000:]
     moved = re.search(r"largest change of a weight without a gradient: (\S+)", run.stdout)
     assert moved is not None and float(moved[1]) > 0, run.stdout[-2000:]
+
+
+def test_muon_fsdp2_fails_on_a_mesh_that_is_a_slice_of_the_world() -> None:
+    pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
+    script = str(FINDINGS / "muon_fsdp2_submesh_rank.py")
+    run = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "rank 1 (mesh [1]): step failed: ValueError: Argument ``gather_list`` must be specified" in run.stdout
