@@ -51,7 +51,7 @@ class MeshSplit:
         for p in params:
             if p.ndim == 3:
                 layout = placement.experts_layout(p)
-                experts = placement.relayout(_formed(p, dtype, produce), p, layout).to_local()
+                experts = placement.relayout(formed_update(p, dtype, produce), p, layout).to_local()
                 apply(p, placement.restore(one(experts) if experts.shape[0] else experts, p, layout))
         for matrices in placement.by_mesh([p for p in params if p.ndim == 2]):
             self._matrices(matrices, produce, many, apply, dtype)
@@ -63,7 +63,7 @@ class MeshSplit:
         formed: dict[int, DTensor] = {}  # this copy's updates in the rows layout, formed ahead
         for k, p in enumerate(params):
             if not straight[k]:
-                laid = placement.relayout(_formed(p, dtype, produce), p, placement.rows_layout(p))
+                laid = placement.relayout(formed_update(p, dtype, produce), p, placement.rows_layout(p))
                 if copy_of[k] == mine:  # every copy advances every matrix's momentum, above
                     formed[k] = laid
         owned = [k for k in range(len(params)) if copy_of[k] == mine]
@@ -94,7 +94,7 @@ class MeshSplit:
             apply(p, placement.restore(piece, p, placement.rows_layout(p)))
 
 
-def _formed(p: DTensor, dtype: torch.dtype, produce: Produce) -> Tensor:
+def formed_update(p: DTensor, dtype: torch.dtype, produce: Produce) -> Tensor:
     """``p``'s update on this rank, laid out as ``p``."""
     shard = p.to_local()
     update = torch.empty(shard.shape, dtype=dtype, device=shard.device)

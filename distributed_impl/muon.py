@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from distributed_impl import placement
 from distributed_impl.batching import SameShapeBatching
 from distributed_impl.exchange import OwnerExchange
-from distributed_impl.mesh_split import MeshSplit
+from distributed_impl.mesh_split import MeshSplit, formed_update
 from reference import (
     Muon,
     adamw_update,
@@ -98,20 +98,21 @@ class ShardedMuon(Muon):
         only would leave the others waiting in its gather for ever. FSDP2 never does that,
         but hand-set gradients and models with rank-dependent control flow do. One small
         all-reduce per mesh dimension per step."""
-        by_mesh: dict[Any, list[tuple[str, DTensor]]] = {}
-        for gi, group in enumerate(self.param_groups):
-            for name, p in zip(param_names(group, gi), group["params"], strict=True):
-                by_mesh.setdefault(p.device_mesh, []).append((name, p))
-        for named in by_mesh.values():
-            mesh = named[0][1].device_mesh
-            have = torch.tensor([p.grad is not None for _, p in named], dtype=torch.int32, device=named[0][1].device)
+        names = {
+            id(p): name
+            for gi, group in enumerate(self.param_groups)
+            for name, p in zip(param_names(group, gi), group["params"], strict=True)
+        }
+        for params in placement.by_mesh([p for group in self.param_groups for p in group["params"]]):
+            mesh = params[0].device_mesh
+            have = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
             counts = have.clone()
             for dim in range(mesh.ndim):
                 dist.all_reduce(counts, group=mesh.get_group(dim))
-            for (name, p), mine, count in zip(named, have.tolist(), counts.tolist(), strict=True):
+            for p, mine, count in zip(params, have.tolist(), counts.tolist(), strict=True):
                 if 0 < count < mesh.size():
                     raise ValueError(
-                        f"parameter {name!r} (shape {tuple(p.shape)}, placements {p.placements}) has a gradient "
+                        f"parameter {names[id(p)]!r} (shape {tuple(p.shape)}, placements {p.placements}) has a gradient "
                         f"on {count} of the {mesh.size()} ranks of its mesh; on rank {dist.get_rank()} "
                         f"it has {'one' if mine else 'none'}. Give it a gradient on every rank (zeros where it was "
                         "unused) or on none"
@@ -148,8 +149,7 @@ class ShardedMuon(Muon):
             )
             return
         for p in params:  # all_ranks: every rank gathers and orthogonalizes every matrix
-            update = _empty_local(p, dtype)
-            produce(p, update)
+            update = formed_update(p, dtype, produce)
             if placement.needs_gather(p):
                 apply(p, placement.local_rows(ns(placement.gather_full(update, p)), p))
             else:
@@ -181,11 +181,6 @@ def _local(t: Tensor | None) -> Tensor:
     if t is None:
         raise RuntimeError("a parameter without a gradient reached the update; step() filters them")
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _empty_local(p: DTensor, dtype: torch.dtype) -> Tensor:
-    shard = p.to_local()
-    return torch.empty(shard.shape, dtype=dtype, device=shard.device)
 
 
 def _zeros_like_sharded(p: DTensor) -> DTensor:

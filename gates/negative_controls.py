@@ -16,9 +16,10 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from harness.tasks.common import local_piece
 from reference import (
     Muon,
     adamw_update,
@@ -75,7 +76,7 @@ class PlantedMuon(Muon):
 
     def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
         full = _as_dtensor(update, p).full_tensor()
-        return _piece(ns(full), p)
+        return local_piece(ns(full), p)
 
     def scale(self, p: DTensor, group: dict[str, Any]) -> float:
         return lr_scale(p.shape, group["adjust_lr_fn"])
@@ -86,10 +87,6 @@ class PlantedMuon(Muon):
 
 def _as_dtensor(local: Tensor, p: DTensor) -> DTensor:
     return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
-
-
-def _piece(full: Tensor, p: DTensor) -> Tensor:
-    return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
 
 
 class PartialNormMuon(PlantedMuon):
@@ -119,7 +116,7 @@ class ShardSumNormMuon(PlantedMuon):
             return super().orthogonalized_piece(update, p, ns)
         squares = cast(DTensor, _as_dtensor(update.float().pow(2), p).sum()).full_tensor()
         full = _as_dtensor(update, p).full_tensor()
-        return _piece(_newton_schulz_with_norm(full, squares.sqrt(), group), p)
+        return local_piece(_newton_schulz_with_norm(full, squares.sqrt(), group), p)
 
 
 def _newton_schulz_with_norm(G: Tensor, norm: Tensor, group: dict[str, Any]) -> Tensor:
@@ -165,7 +162,7 @@ class OffByOneRowsMuon(PlantedMuon):
     shard boundary (rows ``start + 1 .. end + 1``, wrapping round at the end)."""
 
     def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
-        return _piece(torch.roll(ns(_as_dtensor(update, p).full_tensor()), -1, dims=0), p)
+        return local_piece(torch.roll(ns(_as_dtensor(update, p).full_tensor()), -1, dims=0), p)
 
 
 class LocalShapeLrMuon(PlantedMuon):
@@ -220,7 +217,7 @@ class StridedOrderMuon(PlantedMuon):
     def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
         plain = [Shard(pl.dim) if isinstance(pl, _StridedShard) else pl for pl in p.placements]
         full = DTensor.from_local(update, p.device_mesh, plain, shape=p.shape, stride=p.stride()).full_tensor()
-        return _piece(ns(full), p)
+        return local_piece(ns(full), p)
 
 
 class FirstReplicaMuon(PlantedMuon):
@@ -312,7 +309,7 @@ class SqueezeMuon(PlantedMuon):
 
     def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
         full = _as_dtensor(update, p).full_tensor().squeeze()
-        return _piece(ns(full).view(p.shape), p)
+        return local_piece(ns(full).view(p.shape), p)
 
 
 class MixedDtypeMuon(PlantedMuon):

@@ -30,7 +30,7 @@ from pathlib import Path
 from reports.matrix import Cell, Matrix, Row, render_html, render_markdown, render_terminal
 from reports.records import CaseResult, Skip
 from reports.stream import read_streams
-from reports.summary import summarize
+from reports.summary import fmt, summarize
 
 CRASHES = ("hang", "abort", "collective mismatch", "error")
 
@@ -78,26 +78,27 @@ def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
 
 
 def _usage(text: str) -> str:
-    lines = [line for line in text.splitlines() if "error:" in line.lower() or "UsageError" in line]
-    return (lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else "no output")[:300]
+    """Why a run ended without a verdict: its last error line, else its last line."""
+    lines = text.strip().splitlines() or ["no output"]
+    errors = [line for line in lines if "error:" in line.lower() or "UsageError" in line]
+    return (errors or lines)[-1][:300]
 
 
 def row_of(spec: str, package: str, records: Sequence[object], note: str = "") -> Row:
     """An adapter's cells from its run's records."""
     summary = summarize(records)  # type: ignore[arg-type]
     cells: dict[str, Cell] = {}
-    failures = {(f.gate, f.finding): f for f in summary.failures}
     for g in summary.gates.values():
         if g.gate.startswith("negative:"):
             continue
         n = (g.cases, g.narrowed_cases)
-        found = [f for (gate, _), f in failures.items() if gate == g.gate]
+        found = [f for f in summary.failures if f.gate == g.gate]  # one minimal case per kind of finding
         if g.failed_cases:
             crashed = any(f.finding in CRASHES for f in found)
-            cells[g.gate] = Cell("crashes" if crashed else "fails", "; ".join(_finding(f, g) for f in found), *n)
+            cells[g.gate] = Cell("crashes" if crashed else "fails", "; ".join(_finding(f) for f in found), *n)
         elif g.tolerance_passes:
             tiers = ", ".join(t for t in g.tiers if t != "bitwise")
-            cells[g.gate] = Cell("tier", f"{tiers}, max|diff| {_fmt(g.worst_abs_diff)}", *n)
+            cells[g.gate] = Cell("tier", f"{tiers}, max|diff| {fmt(g.worst_abs_diff)}", *n)
         elif not g.comparisons:
             cells[g.gate] = Cell("passes", "nothing compared: the gate's own verdict", *n)
         else:
@@ -120,7 +121,7 @@ def _layout_cell(cases: list[CaseResult]) -> Cell:
     if all(c.bitwise for c in comparisons):
         return Cell("bitwise", f"{len(comparisons)}/{len(comparisons)}", *n)
     worst = max((c.max_abs_diff for c in comparisons), default=0.0)
-    return Cell("tier", f"max|diff| {_fmt(worst)}", *n)
+    return Cell("tier", f"max|diff| {fmt(worst)}", *n)
 
 
 def _declared_skip(s: Skip) -> tuple[str, str]:
@@ -137,18 +138,14 @@ def _by_layout(records: Sequence[object]) -> dict[str, list[CaseResult]]:
     return families
 
 
-def _finding(f: CaseResult, g: object) -> str:
+def _finding(f: CaseResult) -> str:
     """One kind of finding of a gate: what it was, its minimal case, and its message or max|diff|."""
     if f.finding in CRASHES:
         first = f.message.strip().splitlines()[0] if f.message.strip() else ""
         first = first.removeprefix(f"{f.gate}: ").removeprefix(f"{f.finding}: ")[:200]
         return f"{f.finding} at {f.case}: {first}"
     worst = max((c.max_abs_diff for c in f.comparisons if not c.passed), default=None)
-    return f"{f.finding} (max|diff| {_fmt(worst)}) at {f.case}"
-
-
-def _fmt(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3g}"
+    return f"{f.finding} (max|diff| {fmt(worst)}) at {f.case}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

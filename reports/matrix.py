@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from reports.summary import LAYOUT_ORDER
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -46,8 +48,6 @@ class Matrix:
         return sorted({g for r in self.rows for g in r.gates})
 
     def layout_columns(self) -> list[str]:
-        from reports.summary import LAYOUT_ORDER
-
         seen = {f for r in self.rows for f in r.layouts}
         return [f for f in LAYOUT_ORDER if f in seen] + sorted(seen - set(LAYOUT_ORDER))
 

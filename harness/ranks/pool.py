@@ -45,11 +45,12 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
+from unittest import mock
 
 from harness.ranks.context import CaseOutcome, Groups, RankContext, RankFailure, make_groups
 from harness.ranks.stacks import Frame, collective, main_thread_frames
@@ -65,21 +66,6 @@ _PRELOAD = [
     "harness.tasks.selftest",
     "harness.ranks.warmup",
 ]
-
-
-@contextlib.contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``extra`` on top, for the duration."""
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @dataclass(frozen=True)
@@ -290,7 +276,7 @@ class RankPool:
                 daemon=True,
                 name=f"muongate-rank{rank}",
             )
-            with _environment(self._hidden):  # the forkserver starts with the first rank
+            with mock.patch.dict(os.environ, self._hidden):  # the forkserver starts with the first rank
                 proc.start()
             child_end.close()
             self._procs.append(proc)

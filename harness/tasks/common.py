@@ -70,18 +70,20 @@ def shard_like(full: Tensor, p: Tensor) -> Tensor:
     return full
 
 
+def local_piece(full: Tensor, p: Tensor) -> Tensor:
+    """This rank's piece of ``full`` laid out as ``p`` is (``shard_like``'s local tensor); a plain ``p`` takes it whole."""
+    laid = shard_like(full, p)
+    return laid.to_local() if isinstance(laid, DTensor) else laid
+
+
 def compare_shard(name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor, tier: Tier = BITWISE) -> Comparison:
     """This rank's piece of ``cand`` against the same piece of the full reference tensor, laid
     out by DTensor itself (no offsets computed here, no collective). A reference that is
     itself a DTensor on a one-rank mesh (the candidate's single-device self) is read whole."""
     if isinstance(ref_full, DTensor):
         ref_full = ref_full.full_tensor()
-    if isinstance(cand, DTensor):
-        expected = distribute_tensor(ref_full, cand.device_mesh, cand.placements, src_data_rank=None).to_local()
-        actual = cand.to_local()
-    else:
-        expected, actual = ref_full, cand
-    return compare(expected, actual.detach(), tensor=name, step=step, rank=rank, tier=tier)
+    actual = cand.to_local() if isinstance(cand, DTensor) else cand
+    return compare(local_piece(ref_full, cand), actual.detach(), tensor=name, step=step, rank=rank, tier=tier)
 
 
 def compare_params_and_state(

@@ -34,7 +34,7 @@ from harness.cases.case import Case, ParamSpec, ReshardCase
 from harness.cases.tensors import generator, gradient, initial_param, spectrum_matrix
 from harness.compare import compare
 from harness.ranks import RankContext
-from harness.tasks.common import compare_params_and_state, factory_of, mesh_for, param_groups, shard_like
+from harness.tasks.common import compare_params_and_state, factory_of, local_piece, mesh_for, param_groups, shard_like
 from harness.tasks.result import TaskResult
 from reports.records import Comparison
 
@@ -243,7 +243,7 @@ def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, 
     The pieces are laid out by DTensor itself; every rank joins the one gather."""
     if not isinstance(p, DTensor) or ctx.world_size == 1:
         return g, g
-    piece = distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None).to_local()
+    piece = local_piece(g, p)
     kept = piece if ctx.rank == 0 else torch.zeros_like(piece)
     full = DTensor.from_local(kept, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()).full_tensor()
     return full, (g if ctx.rank == 0 else None)
@@ -276,6 +276,13 @@ def _checkpoint_dir(ctx: RankContext) -> str:
     ]
     dist.broadcast_object_list(chosen, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
     return chosen[0]
+
+
+def _remove_checkpoint(ctx: RankContext, path: str) -> None:
+    """Removes ``_checkpoint_dir``'s directory once every rank of the case is done with it."""
+    dist.barrier(group=ctx.group)
+    if ctx.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _zeros(case: Case, device: str | torch.device) -> list[Tensor]:
@@ -320,9 +327,7 @@ def _round_trip(
     fresh = build_model(case, _zeros(case, ctx.device), mesh)
     fresh_opt = _candidate(case, fresh)
     _dcp_load(fresh, fresh_opt, path, ctx.group)
-    dist.barrier(group=ctx.group)
-    if ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
+    _remove_checkpoint(ctx, path)
     return fresh, fresh_opt
 
 
@@ -403,9 +408,7 @@ def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
             running = on(rc.after, _zeros(case, device))
             if running is not None:
                 _dcp_load(*running, path, group(rc.after))
-    dist.barrier(group=ctx.group)
-    if ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
+    _remove_checkpoint(ctx, path)
     return TaskResult(tuple(records))
 
 
@@ -441,7 +444,7 @@ def run_orthogonalize_case(ctx: RankContext, case: Case) -> TaskResult:
         got = [placement.local_rows(ns(placement.gather_full(u, s)), s) for u, s in zip(locals_, shards, strict=True)]
     records = []
     for spec, full, shard, mine in zip(case.params, fulls, shards, got, strict=True):
-        expected = distribute_tensor(ns(full), mesh, shard.placements, src_data_rank=None).to_local()
+        expected = local_piece(ns(full), shard)
         records.append(compare(expected, mine, tensor=spec.name, rank=ctx.rank))
     return TaskResult(tuple(records))
 

@@ -32,7 +32,14 @@ import reference
 from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
 from harness.ranks import RankContext
-from harness.tasks.common import compare_params_and_state, compare_shard, factory_of, mesh_for, param_groups
+from harness.tasks.common import (
+    compare_params_and_state,
+    compare_shard,
+    factory_of,
+    local_piece,
+    mesh_for,
+    param_groups,
+)
 from harness.tasks.result import TaskResult
 from reports.records import Comparison
 
@@ -186,7 +193,7 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
     must agree bit for bit at any world size: a claim about the optimizer alone, with none
     of FSDP2's reduction order in it. Under FSDP2 × TP the ranks of a ``tp`` group share
     their ``dp`` rank's micro-batches."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
 
     spec, accumulate = case.spec, case.accumulate
@@ -228,12 +235,7 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
             m.zero_grad()
         with torch.no_grad():
             for name, p in twins.items():
-                mine = (
-                    distribute_tensor(full[name].detach(), p.device_mesh, p.placements, src_data_rank=None).to_local()
-                    if isinstance(p, DTensor)
-                    else full[name].detach()
-                )
-                (p.to_local() if isinstance(p, DTensor) else p).copy_(mine)
+                (p.to_local() if isinstance(p, DTensor) else p).copy_(local_piece(full[name].detach(), p))
         pairs = ((name, full[name], names[name]) for name in full)
         records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank)
     return TaskResult(tuple(records))
