@@ -103,6 +103,7 @@ _DECLARED = {
         "adjust_lr_fn": "original",
     },
     "muongate_features": {"bf16"},
+    "muongate_differences": {"plain_quintic", "scaled_update"},
 }
 
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
 from harness.cases import Case, ParamSpec, cases, norm_tie_cases
+from harness.cases.case import DType
+from harness.causes import FAMILIES, NotSeparable, cause_tier, shape_in
 from harness.tasks.optimizer import backward_model_case
 
 pytestmark = pytest.mark.gate
@@ -220,3 +222,40 @@ def test_sharded_update_is_orthogonal_against_float64_polar_factor(
         spectrum={"shape": shape, "dtype": ns_dtype, "singular_values": sv, "band": ORACLE_BAND},
         seconds=ran.outcome.seconds,
     )
+
+
+@st.composite
+def _cause_cases(draw: st.DrawFn, impl: Any, device: str) -> Case:
+    """One matrix, one step at lr 1 with no weight decay, at a drawn setting: Nesterov, the
+    parameter's and Newton–Schulz's dtypes, the shape family; on the candidate's conventions."""
+    family = draw(st.sampled_from(FAMILIES))
+    small, large = sorted(draw(st.lists(st.integers(1, 32), min_size=2, max_size=2)))
+    shape = shape_in(family, small, large)
+    dtype: DType = draw(st.sampled_from(["float32", "bfloat16"]))
+    ns_dtype = draw(st.sampled_from(["bfloat16", "float32"]))
+    settings = {"lr": 1.0, "weight_decay": 0.0, "nesterov": draw(st.booleans()), "ns_dtype": ns_dtype}
+    settings.update(dict(impl.conventions))
+    world = draw(st.integers(1, NPROC))
+    try:
+        tier = cause_tier(impl.differences, tuple(sorted(settings.items())), dtype, family, device)
+    except NotSeparable as e:
+        note(f"not judged: {e}")
+        assume(False)
+    return Case(
+        params=(ParamSpec("w", shape, dtype),), seed=draw(st.integers(0, 2**16)), world_size=world, mesh=(world,),
+        mode=None, settings=tuple(settings.items()), tier=tier,
+    )  # fmt: skip
+
+
+@given(data=st.data())
+def test_a_candidate_with_a_declared_difference_stays_within_what_its_causes_explain(
+    gate_runner: Any, data: st.DataObject
+) -> None:
+    """A candidate that declares why its arithmetic differs (``muongate_differences``) fails
+    the bitwise gates by design; here its one-step update is held to the tier calibrated on
+    exactly those causes at the drawn setting (``harness.causes``), so that an error far
+    beyond what they explain (a bug inside the known difference) fails."""
+    impl = gate_runner.impl
+    if impl is None or not impl.differences:
+        pytest.skip("tier:causes: judges an --impl candidate that declares muongate_differences")
+    gate_runner.check("tier:causes", data.draw(_cause_cases(impl, gate_runner.device)), task="update")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 import pytest
+import torch
 from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
@@ -186,6 +187,8 @@ class GateRunner:
     shrunk: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     _last_crash: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
+    #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's ``muongate_shard``)
+    TASKS_OF_MODELS: ClassVar = ("backward", "training", "twins")
     TASKS: ClassVar[dict[str, Callable[[RankContext, Any], TaskResult]]] = {
         "optimizer": run_optimizer_case,
         "orthogonalize": run_orthogonalize_case,
@@ -219,6 +222,16 @@ class GateRunner:
         """Skips the running test under ``--against self``: it can only compare with ``reference.Muon``."""
         if self.against == "self":
             pytest.skip(f"{gate}: compares with reference.Muon only; --against self judges the optimizer gates")
+
+    @property
+    def device(self) -> str:
+        """Rank 0's device (``cpu``, ``cuda:0``)."""
+        return str((getattr(self.pool, "devices", None) or [getattr(self.pool, "device", "cpu")])[0])
+
+    def _on_a_declared_device(self, gate: str) -> None:
+        """Skips the running test when the ranks' device type is not one the candidate declared."""
+        kind = torch.device(self.device).type
+        self.require(gate, {kind}, f"its ranks run on {kind}")
 
     def require(self, gate: str, features: set[str], why: str) -> None:
         """Skips the running test when the candidate did not declare what its claim is about."""
@@ -279,6 +292,9 @@ class GateRunner:
         ``exact``: a hand-picked case, whose point any narrowing for the candidate removes;
         narrowed, it is skipped with the narrowing named instead of run."""
         __tracebackhide__ = True
+        self._on_a_declared_device(gate)
+        if task in self.TASKS_OF_MODELS:
+            self.require(gate, {"fully_shard"}, "its model is laid out by FSDP2's fully_shard")
         if exact and self.impl is not None and isinstance(case, Case):
             narrowed = [*self._resolve(case).narrowed, *self.impl.overridden(case)]
             if narrowed:
@@ -322,6 +338,7 @@ class GateRunner:
         input with an error that names the parameter (quoted, as ``repr`` gives it) on the
         ranks that fail; a hang, an abort, another error, or a silent difference fails it."""
         __tracebackhide__ = True
+        self._on_a_declared_device(gate)
         ran = self.run(case)
         failure = ran.outcome.failure
         if failure is None or failure.status != "error":
@@ -523,7 +540,7 @@ class GateRunner:
         """Both sides of a resharding case on the candidate; skipped where either is narrowed."""
         assert self.impl is not None
         try:
-            sides = [self.impl.adapt(c) for c in (case.before, case.after)]
+            sides = [self.impl.adapt(c, self.pool.nproc) for c in (case.before, case.after)]
         except UnsupportedConvention as e:
             pytest.skip(str(e))
         narrowed = [n for side in sides for n in side.narrowed]
@@ -546,6 +563,6 @@ class GateRunner:
             except UnsupportedConvention as e:
                 pytest.skip(str(e))
         try:
-            return self.impl.adapt(case) if isinstance(case, Case) else self.impl.adapt_training(case)
+            return self.impl.adapt(case, self.pool.nproc) if isinstance(case, Case) else self.impl.adapt_training(case)
         except UnsupportedConvention as e:
             pytest.skip(str(e))

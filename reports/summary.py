@@ -197,7 +197,7 @@ GATE_LEGEND = (
 )
 
 
-LAYOUT_ORDER = ("fsdp", "3-D", "hsdp", "tp", "fsdp×tp", "hsdp×tp", "ep×efsdp")
+LAYOUT_ORDER = ("fsdp", "3-D", "own", "hsdp", "tp", "fsdp×tp", "hsdp×tp", "ep×efsdp")
 
 
 def layout_counts(g: GateSummary) -> str:

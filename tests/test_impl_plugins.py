@@ -74,6 +74,47 @@ def test_a_candidate_declaring_the_gram_partial_tier_is_judged_in_it_and_a_wrong
     assert "candidate their_muon:gram_partial_local_gram_muon" in wrong.stdout
 
 
+def test_a_declared_difference_is_judged_in_its_calibrated_tier_and_a_bug_inside_it_fails(tmp_path: Path) -> None:
+    k = ["-k", "declared_difference", "--hypothesis-profile", "dev"]
+    right = _run(tmp_path, *k, "--impl", "examples.gathered_muon:gathered_muon")
+    assert right.returncode == 0 and "1 passed" in right.stdout, right.stdout[-3000:]
+    wrong = _run(tmp_path, *k, "--impl", "examples.gathered_muon:gathered_muon_local_lr")
+    assert wrong.returncode == 1, wrong.stdout[-3000:]
+    found = re.search(r"w\.update step 0 rank 0 \[cause:plain_quintic\+scaled_update\]: max\|diff\|", wrong.stdout)
+    assert found, wrong.stdout[-3000:]
+    assert re.search(r"minimal case: w\[\d+, \d+\] float32 · world 2", wrong.stdout), wrong.stdout[-3000:]
+
+
+def test_cause_tiers_separate_correct_from_wrong_variants_or_say_they_cannot() -> None:
+    from harness.causes import NotSeparable, cause_tier
+
+    tier = cause_tier(frozenset({"plain_quintic"}), (("lr", 1.0), ("ns_dtype", "float32")), "float32", "tall")
+    assert tier.max_rel_fro is not None and tier.max_rel_fro < 1e-4 and "wrong ≥" in tier.reason
+    with pytest.raises(NotSeparable, match="a little tall: correct variants reach"):
+        cause_tier(frozenset({"plain_quintic"}), (("lr", 1.0), ("ns_dtype", "bfloat16")), "float32", "a little tall")
+    with pytest.raises(ValueError, match="unknown causes"):
+        cause_tier(frozenset({"cautious_wd"}), (), "float32", "square")
+
+
+def test_a_candidate_sharding_the_model_its_own_way_is_read_through_its_pieces_and_passes(tmp_path: Path) -> None:
+    result = _run(
+        tmp_path, "-k", "one_sharded or several_steps or rank-asymmetric", "--hypothesis-profile", "dev",
+        "--impl", "examples.column_sharded_muon:column_sharded_muon",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "3 passed" in result.stdout, result.stdout[-3000:]
+    report = (tmp_path / "report" / "equivalence.md").read_text()
+    assert re.search(r"\| several_steps \| own \d+ \|", report), report[-3000:]
+
+
+def test_a_piece_reader_naming_the_wrong_columns_is_caught(tmp_path: Path) -> None:
+    result = _run(
+        tmp_path, "-k", "one_sharded", "--impl", "examples.column_sharded_muon:column_sharded_muon_wrong_piece"
+    )
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert re.search(r"minimal case: w0\[\d+, \d+\] float32 · world 2", result.stdout), result.stdout[-3000:]
+
+
 def test_convention_the_reference_cannot_express_is_reported_not_compared(tmp_path: Path) -> None:
     (tmp_path / "their_muon.py").write_text(UNEXPRESSIBLE)
     result = _run(tmp_path, "-k", "one_sharded", "--impl", "their_muon:cautious", "-rs")
@@ -103,3 +144,40 @@ def test_training_specs_take_the_plugin_on_its_conventions_or_skip_saying_why():
         Impl("my:muon", ShardedMuon, max_world=1).adapt_training(TransformerCase("x"))
     with pytest.raises(UnsupportedConvention, match="experts"):
         Impl("my:muon", ShardedMuon, features=frozenset({"adamw"})).adapt_training(MoECase("x", "stacked", "fixed", ()))
+
+
+def test_an_own_sharding_that_leaves_an_unreadable_piece_names_parameter_shapes_and_rank() -> None:
+    import torch
+
+    from harness.tasks.common import PIECE, read_own_sharding
+
+    def plain(param_groups: object) -> None: ...
+
+    piece = torch.zeros(2, 4)
+    with pytest.raises(TypeError, match=r"parameter 'w0' a plain \[2, 4\] piece of \[3, 4\] on rank 1"):
+        read_own_sharding([("w0", piece, torch.Size([3, 4]))], plain, rank=1)
+
+    plain.muongate_piece = lambda name, p: (slice(0, 1),)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"muongate_piece\('w0'\) on rank 1 names slices .* hold \[1, 4\]"):
+        read_own_sharding([("w0", piece, torch.Size([3, 4]))], plain, rank=1)
+
+    plain.muongate_piece = lambda name, p: (slice(1, 3),)  # type: ignore[attr-defined]
+    read_own_sharding([("w0", piece, torch.Size([3, 4]))], plain, rank=1)
+    assert getattr(piece, PIECE) == (slice(1, 3),)
+
+
+def test_declared_devices_and_the_default_group_shape_what_a_candidate_runs() -> None:
+    from harness.candidates.impl import Impl
+    from harness.cases.case import Case, ParamSpec
+
+    def ddp(param_groups: object, **settings: object) -> None: ...
+
+    ddp.muongate_devices = {"cuda"}  # type: ignore[attr-defined]
+    ddp.muongate_default_group = True  # type: ignore[attr-defined]
+    sys.modules["ddp_style"] = type(sys)("ddp_style")
+    sys.modules["ddp_style"].ddp = ddp  # type: ignore[attr-defined]
+    impl = Impl.load("ddp_style:ddp")
+    assert impl.missing({"cpu"}) == ["cpu"] and impl.missing({"cuda"}) == []
+    widened = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),)), pool_world=2)
+    assert widened.world_size == 2 and widened.mesh == (2,)
+    assert any("world 1 → 2 (muongate_default_group" in note for note in widened.narrowed)

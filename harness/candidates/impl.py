@@ -18,7 +18,8 @@ The contract, for ``FACTORY``:
     never compared silently;
   - ``muongate_max_world``: the largest world size it supports (default: any);
   - ``muongate_features``: which of ``"adamw"``, ``"experts"`` (3-D parameters),
-    ``"bf16"``, ``"checkpoint"`` it supports (default: all). Cases are narrowed to
+    ``"bf16"``, ``"checkpoint"``, ``"fully_shard"`` (with ``muongate_shard`` only, below)
+    it supports (default: all). Cases are narrowed to
     these, not rejected, and every narrowing is reported. (A parameter without a
     gradient is not a feature: every candidate meets one, and the robustness gates hold
     it to leaving that parameter exactly as it was.)
@@ -33,6 +34,28 @@ The contract, for ``FACTORY``:
     within, by design: ``"gram_partial"`` (the Gram matrix ``X Xᵀ`` of a row-wise TP weight
     from per-rank partial products and an all-reduce, ``harness.compare.GRAM_PARTIAL``).
     It does not excuse the candidate from any bitwise gate; it adds the tier's gate;
+  - ``muongate_shard``: ``muongate_shard(module, mesh)`` shards ``module``'s parameters
+    itself, in place and its own way, on the ranks of ``mesh`` (the case's 1-D mesh, dim
+    ``shard``: it may build a mesh of its own over ``mesh.get_group()``), instead of the
+    harness's ``fully_shard``: bring-your-own sharding. Afterwards each parameter is either
+    a DTensor, read through its own mesh and placements as FSDP2's are, or a plain tensor
+    holding this rank's piece, which ``muongate_piece(name, param)`` (also an attribute of
+    the factory) names as a tuple of slices of the full tensor. Gradients arrive laid out
+    the same way, and optimizer state is read with its parameter's layout. Its cases are of
+    the layout family ``own``; layouts it does not declare in ``muongate_layouts`` are
+    narrowed to its own sharding on a 1-D mesh. The gates whose model FSDP2 lays out (a real
+    backward, training, MoE) run it only if it also declares the feature ``"fully_shard"``
+    (it steps FSDP2's own parameters too);
+  - ``muongate_default_group``: ``True`` when it talks over the default process group (as
+    optimizers written for DDP do) rather than its parameters' meshes: every case then runs
+    on all the ranks there are, and a case of fewer is widened to them (reported as narrowed);
+  - ``muongate_devices``: the device types its ranks may run on, of ``"cpu"`` and
+    ``"cuda"`` (default: both); on another, every gate skips, naming it;
+  - ``muongate_differences``: the known causes its arithmetic differs from the reference's
+    by, of ``harness.causes.CAUSES`` (``"plain_quintic"``, ``"scaled_update"``,
+    ``"bf16_momentum"``). It still fails every bitwise gate; the cause gate then holds its
+    update to a tier calibrated on those causes, per setting, so a bug cannot hide in the
+    known difference;
   - ``muongate_single_device``: a factory of the same contract for plain (not
     DTensor) parameters on one device, its own single-device counterpart, which
     ``--against self`` compares it with; without it, the candidate itself runs on a
@@ -49,9 +72,10 @@ from typing import Any
 from harness.candidates.loading import load_declared
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
 
-FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint"})
+FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "fully_shard"})
 LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"})
 TIERS = frozenset({"gram_partial"})
+DEVICES = frozenset({"cpu", "cuda"})
 
 
 class UnsupportedConvention(Exception):
@@ -84,6 +108,10 @@ class Impl:
     inexpressible: tuple[str, ...] = ()
     layouts: frozenset[str] = frozenset()
     tiers: frozenset[str] = frozenset()
+    own_sharding: bool = False
+    devices: frozenset[str] = DEVICES
+    default_group: bool = False
+    differences: frozenset[str] = frozenset()
 
     @classmethod
     def load(cls, spec: str) -> Impl:
@@ -103,6 +131,19 @@ class Impl:
         tiers = frozenset(getattr(factory, "muongate_tiers", ()))
         if tiers - TIERS:
             raise ValueError(f"--impl {spec}: unknown muongate_tiers {sorted(tiers - TIERS)}; known: {sorted(TIERS)}")
+        devices = frozenset(getattr(factory, "muongate_devices", DEVICES))
+        if not devices or devices - DEVICES:
+            raise ValueError(f"--impl {spec}: muongate_devices {sorted(devices)} must be some of {sorted(DEVICES)}")
+        from harness.causes import CAUSES
+
+        differences = frozenset(getattr(factory, "muongate_differences", ()))
+        if differences - CAUSES.keys():
+            raise ValueError(
+                f"--impl {spec}: unknown muongate_differences {sorted(differences - CAUSES.keys())}; known: {sorted(CAUSES)}"
+            )
+        own_sharding = hasattr(factory, "muongate_shard")
+        if own_sharding and not callable(factory.muongate_shard):
+            raise TypeError(f"--impl {spec}: muongate_shard must be callable as muongate_shard(module, mesh)")
         conventions = {k: stored_setting(k, v) for k, v in declared.items()}
         return cls(
             spec,
@@ -113,6 +154,10 @@ class Impl:
             tuple(_inexpressible(conventions)),
             layouts,
             tiers,
+            own_sharding,
+            devices,
+            bool(getattr(factory, "muongate_default_group", False)),
+            differences,
         )
 
     def _check_expressible(self) -> None:
@@ -121,7 +166,7 @@ class Impl:
                 f"{self.spec} declares conventions the reference cannot express: {'; '.join(self.inexpressible)}"
             )
 
-    def adapt(self, case: Case) -> Case:
+    def adapt(self, case: Case, pool_world: int | None = None) -> Case:
         """The case narrowed to what this candidate declared it supports, on its conventions.
 
         Every change to what the case exercises is written into its ``narrowed`` notes, so
@@ -140,12 +185,16 @@ class Impl:
         world = case.world_size if self.max_world is None else min(case.world_size, self.max_world)
         if world != case.world_size:
             notes.append(f"world {case.world_size} → {world} (muongate_max_world {self.max_world})")
+        if self.default_group and pool_world is not None and world != pool_world:
+            notes.append(f"world {world} → {pool_world} (muongate_default_group: it talks to every rank)")
+            world = pool_world
         layout = self._layout(case)
         flat = layout not in self.layouts or world != case.world_size
         if case.mesh != (case.world_size,) and flat:
             notes.append(f"mesh {list(case.mesh)} → [{world}] ({layout} not declared in muongate_layouts)")
         if (case.tp > 1 or case.ep > 1) and flat:
-            notes.append(f"{case.layout} → FSDP2 alone ({layout} not declared in muongate_layouts)")
+            alone = "its own sharding (muongate_shard)" if self.own_sharding else "FSDP2 alone"
+            notes.append(f"{case.layout} → {alone} ({layout} not declared in muongate_layouts)")
         settings = dict(case.settings)
         checkpoint = case.checkpoint_after if "checkpoint" in self.features else None
         if checkpoint != case.checkpoint_after:
@@ -176,13 +225,14 @@ class Impl:
     @staticmethod
     def _layout(case: Case) -> str:
         """The case's layout family by the name ``muongate_layouts`` uses for it."""
-        names = {"fsdp×tp": "fsdp_tp", "hsdp×tp": "hsdp_tp", "ep×efsdp": "ep_efsdp", "3-D": "fsdp"}
+        names = {"fsdp×tp": "fsdp_tp", "hsdp×tp": "hsdp_tp", "ep×efsdp": "ep_efsdp", "3-D": "fsdp", "own": "fsdp"}
         return names.get(case.layout, case.layout)
 
     def missing(self, features: set[str]) -> list[str]:
-        """Which of ``features``, layouts, tiers and ``"world"`` (more than one rank) this candidate did not declare."""
-        gone = sorted(features & FEATURES - self.features) + sorted(features & LAYOUTS - self.layouts)
-        gone += sorted(features & TIERS - self.tiers)
+        """Which of ``features``, layouts, tiers, devices and ``"world"`` (more than one rank) this candidate did not declare."""
+        declared = self.features if self.own_sharding else self.features | {"fully_shard"}
+        gone = sorted(features & FEATURES - declared) + sorted(features & LAYOUTS - self.layouts)
+        gone += sorted(features & TIERS - self.tiers) + sorted(features & DEVICES - self.devices)
         if "world" in features and self.max_world is not None and self.max_world < 2:
             gone.append("world")
         return gone

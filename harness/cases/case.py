@@ -114,6 +114,8 @@ class Case:
     label: str = field(default="", compare=False)
     #: what ``Impl.adapt`` changed to fit the candidate's declarations, one note each
     narrowed: tuple[str, ...] = field(default=(), compare=False)
+    #: the tier the update task judges in (``None``: ``harness.compare.GRAM_PARTIAL``)
+    tier: Any = field(default=None, compare=False)
 
     def settings_dict(self) -> dict[str, Any]:
         """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""
@@ -122,7 +124,10 @@ class Case:
     @property
     def layout(self) -> str:
         """The case's layout family: ``fsdp`` (1-D), ``3-D`` (expert stacks on 1-D), ``hsdp``,
-        ``tp``, ``fsdp×tp``, ``hsdp×tp`` (a 3-D mesh) or ``ep×efsdp``."""
+        ``tp``, ``fsdp×tp``, ``hsdp×tp`` (a 3-D mesh), ``ep×efsdp``, or ``own`` (a candidate's
+        own sharding on a 1-D mesh, ``muongate_shard``)."""
+        if self.tp == self.ep == 1 and len(self.mesh) == 1 and hasattr(self.candidate, "muongate_shard"):
+            return "own"
         if self.ep > 1:
             return "ep×efsdp"
         if self.tp > 1:

@@ -4,7 +4,7 @@ groups, and comparing a sharded result with the full reference through DTensor i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -63,11 +63,18 @@ def param_groups(named: Iterable[tuple[str, Tensor, bool]]) -> list[dict[str, An
     ]
 
 
+#: the attribute a plain parameter of a candidate's own sharding carries: the slices of the
+#: full tensor it holds (``muongate_piece``, set by ``read_own_sharding``)
+PIECE = "muongate_index"
+
+
 def shard_like(full: Tensor, p: Tensor) -> Tensor:
-    """``full`` laid out as ``p`` is (DTensor's own scatter; no communication)."""
+    """``full`` laid out as ``p`` is (DTensor's own scatter; no communication); a plain piece
+    of a candidate's own sharding takes the slices it holds."""
     if isinstance(p, DTensor):
         return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
-    return full
+    index = getattr(p, PIECE, None)
+    return full if index is None else full[index].clone()
 
 
 def local_piece(full: Tensor, p: Tensor) -> Tensor:
@@ -76,14 +83,57 @@ def local_piece(full: Tensor, p: Tensor) -> Tensor:
     return laid.to_local() if isinstance(laid, DTensor) else laid
 
 
-def compare_shard(name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor, tier: Tier = BITWISE) -> Comparison:
+def read_own_sharding(named: Iterable[tuple[str, Tensor, torch.Size]], factory: Any, rank: int) -> None:
+    """After a candidate's ``muongate_shard``: each plain parameter's piece, by its ``muongate_piece``
+    (``(name, parameter, full shape)`` triples), checked against the parameter's shape."""
+    reader = getattr(factory, "muongate_piece", None)
+    for name, p, full in named:
+        if isinstance(p, DTensor) or (reader is None and tuple(p.shape) == tuple(full)):
+            continue  # read through its placements, or a whole copy
+        if reader is None:
+            raise TypeError(
+                f"muongate_shard left parameter {name!r} a plain {list(p.shape)} piece of {list(full)} on rank "
+                f"{rank}, and the candidate declares no muongate_piece(name, param) to say which piece it is"
+            )
+        index = tuple(reader(name, p))
+        held = torch.empty(full, device="meta")[index].shape
+        if held != p.shape:
+            raise ValueError(
+                f"muongate_piece({name!r}) on rank {rank} names slices {index} of {list(full)}, which hold "
+                f"{list(held)}, but the parameter is {list(p.shape)}"
+            )
+        setattr(p, PIECE, index)
+
+
+def whole(p: Tensor, shape: Sequence[int], group: Any) -> Tensor:
+    """All of ``p`` on every rank of ``group``: DTensor's ``full_tensor``, or the plain pieces
+    of a candidate's own sharding put in their slices (``all_gather_object``; every rank joins)."""
+    if isinstance(p, DTensor):
+        return p.full_tensor()
+    index = getattr(p, PIECE, None)
+    if index is None:
+        return p
+    pieces: list[Any] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(pieces, (index, p.detach().cpu()), group=group)
+    full = torch.zeros(tuple(shape), dtype=p.dtype)
+    for held, piece in pieces:
+        full[held] = piece
+    return full.to(p.device)
+
+
+def compare_shard(
+    name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor, tier: Tier = BITWISE, like: Tensor | None = None
+) -> Comparison:
     """This rank's piece of ``cand`` against the same piece of the full reference tensor, laid
-    out by DTensor itself (no offsets computed here, no collective). A reference that is
-    itself a DTensor on a one-rank mesh (the candidate's single-device self) is read whole."""
+    out by DTensor itself (no offsets computed here, no collective), or as ``like`` (the
+    parameter, whose detached copies and state lose its piece) is when ``cand`` is a plain
+    piece of a candidate's own sharding. A reference that
+    is itself a DTensor on a one-rank mesh (the candidate's single-device self) is read whole."""
     if isinstance(ref_full, DTensor):
         ref_full = ref_full.full_tensor()
     actual = cand.to_local() if isinstance(cand, DTensor) else cand
-    return compare(local_piece(ref_full, cand), actual.detach(), tensor=name, step=step, rank=rank, tier=tier)
+    layout = cand if like is None or isinstance(cand, DTensor) else like
+    return compare(local_piece(ref_full, layout), actual.detach(), tensor=name, step=step, rank=rank, tier=tier)
 
 
 def compare_params_and_state(
@@ -99,9 +149,9 @@ def compare_params_and_state(
     optimizer state tensor both optimizers hold for it."""
     out = []
     for name, ref_p, p in pairs:
-        out.append(compare_shard(name, step, rank, ref_p.detach(), p.detach(), tier))
+        out.append(compare_shard(name, step, rank, ref_p.detach(), p.detach(), tier, like=p))
         ref_state, state = ref_opt.state.get(ref_p, {}), opt.state.get(p, {})
         for key in STATE_KEYS:
             if key in ref_state and key in state:
-                out.append(compare_shard(f"{name}.{key}", step, rank, ref_state[key], state[key], tier))
+                out.append(compare_shard(f"{name}.{key}", step, rank, ref_state[key], state[key], tier, like=p))
     return out

@@ -34,7 +34,17 @@ from harness.cases.case import Case, ParamSpec, ReshardCase
 from harness.cases.tensors import generator, gradient, initial_param, spectrum_matrix
 from harness.compare import compare
 from harness.ranks import RankContext
-from harness.tasks.common import compare_params_and_state, factory_of, local_piece, mesh_for, param_groups, shard_like
+from harness.tasks.common import (
+    PIECE,
+    compare_params_and_state,
+    factory_of,
+    local_piece,
+    mesh_for,
+    param_groups,
+    read_own_sharding,
+    shard_like,
+    whole,
+)
 from harness.tasks.result import TaskResult
 from reports.records import Comparison
 
@@ -101,6 +111,12 @@ def build_model(
     ``linears``: matrices as ``nn.Linear`` weights in every layout, so that their names
     (``w0.weight``) are the same on every layout (what a checkpoint resharded across them needs)."""
     named = {s.name: t for s, t in zip(case.params, tensors, strict=True)}
+    own = getattr(case.candidate, "muongate_shard", None)
+    if mesh is not None and own is not None:
+        model = _Holder(named, linears=linears)
+        own(model, mesh)
+        read_own_sharding(((n, model.param(n), t.shape) for n, t in named.items()), case.candidate, mesh.get_rank())
+        return model
     if mesh is not None and case.ep > 1 and parallel:
         return _expert_parallel(named, mesh)
     if mesh is None or case.tp == 1 or not parallel:
@@ -241,6 +257,12 @@ def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, 
     """A gradient only rank 0 has (``grad="rank_asymmetric"``): the full gradient a reference
     sees if the missing pieces count as zeros, and this rank's gradient (``None`` off rank 0).
     The pieces are laid out by DTensor itself; every rank joins the one gather."""
+    if getattr(p, PIECE, None) is not None:  # a plain piece of a candidate's own sharding
+        held = [getattr(p, PIECE)]
+        dist.broadcast_object_list(held, src=0, group=ctx.group)
+        full = torch.zeros_like(g)
+        full[held[0]] = g[held[0]]
+        return full, (g if ctx.rank == 0 else None)
     if not isinstance(p, DTensor) or ctx.world_size == 1:
         return g, g
     piece = local_piece(g, p)
@@ -334,8 +356,8 @@ def _round_trip(
 def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
     """One step from the case's weights; the update the candidate applied (new minus old
     weights, float32), gathered whole with DTensor's ``full_tensor``, against the
-    reference's, in the tier ``harness.compare.GRAM_PARTIAL`` for the case's Newton–Schulz
-    dtype (judged on rank 0: the tier was calibrated on whole matrices, and a small piece's
+    reference's, in the case's tier, or else ``harness.compare.GRAM_PARTIAL`` for its Newton–Schulz
+    dtype (judged on rank 0: the tiers were calibrated on whole matrices, and a small piece's
     relative error is larger). With no weight decay the update is ``-lr·scale·O``, so the
     tier judges the orthogonalization itself."""
     from harness.compare import GRAM_PARTIAL
@@ -354,7 +376,7 @@ def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
         params[spec.name].grad = shard_like(g, params[spec.name])
     ref.step()
     opt.step()
-    tier = GRAM_PARTIAL[str(case.settings_dict().get("ns_dtype", torch.bfloat16)).removeprefix("torch.")]
+    tier = case.tier or GRAM_PARTIAL[str(case.settings_dict().get("ns_dtype", torch.bfloat16)).removeprefix("torch.")]
     records = []
     for t, spec in zip(tensors, case.params, strict=True):
         p = params[spec.name]
@@ -518,7 +540,7 @@ def run_spectrum_case(ctx: RankContext, case: Case) -> TaskResult:
     with known singular values (``spectrum_matrix``), with no momentum and no weight decay:
     the weights after the step are ``−lr·scale·O``, where ``O`` is the candidate's
     orthogonalization of the gradient. Rank 0 returns ``O``'s singular values (float64),
-    gathered with DTensor's own ``full_tensor`` (every rank takes part)."""
+    gathered with DTensor's own ``full_tensor`` or ``whole`` (every rank takes part)."""
     device = torch.device(ctx.device)
     spec = case.params[0]
     model = build_model(
@@ -531,7 +553,7 @@ def run_spectrum_case(ctx: RankContext, case: Case) -> TaskResult:
     opt.step()
     settings = {**reference.MUON_DEFAULTS, **case.settings_dict()}
     scaled_lr = settings["lr"] * reference.lr_scale(spec.shape, settings["adjust_lr_fn"])
-    full = cast(DTensor, p.detach()).full_tensor() if isinstance(p, DTensor) else p.detach()
+    full = whole(p.detach() if isinstance(p, DTensor) else p, spec.shape, ctx.group)
     if ctx.rank != 0:
         return TaskResult()
     o = -full.double().cpu() / scaled_lr
