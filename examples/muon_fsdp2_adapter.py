@@ -63,3 +63,4 @@ muon_fsdp2.muongate_conventions = {  # type: ignore[attr-defined]
 }
 muon_fsdp2.muongate_features = {"adamw"}  # type: ignore[attr-defined]
 muon_fsdp2.muongate_package = "muon-fsdp2"  # type: ignore[attr-defined]
+muon_fsdp2.muongate_differences = {"plain_quintic", "scaled_update"}  # type: ignore[attr-defined]

@@ -65,7 +65,7 @@ def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
     command = [
         sys.executable, "-m", "pytest", "--pyargs", "gates", "-m", "gate", "-q", "-p", "no:randomly",
         "-p", "no:cacheprovider", "--nproc", str(args.nproc), "--impl", adapter.spec,
-        "--hypothesis-profile", args.profile, "--gate-report", str(directory),
+        "--hypothesis-profile", args.profile, "--gate-report", str(directory), "--gate-device", args.gate_device,
         *(["-k", args.k] if args.k else []),
     ]  # fmt: skip
     try:
@@ -153,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("adapters", nargs="+", metavar="MODULE:FACTORY")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--profile", default="dev", help="hypothesis profile of every run (default: dev)")
+    parser.add_argument(
+        "--gate-device", default="cpu", choices=("cpu", "cuda"), help="the ranks' devices (default: cpu)"
+    )
     parser.add_argument("-k", default="", help="pytest -k expression: which gates run (default: all)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one adapter's run may take")
     parser.add_argument("--out", default="muongate-matrix", help="directory for the runs and the matrix")

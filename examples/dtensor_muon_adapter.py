@@ -1,0 +1,60 @@
+"""``dtensor-muon`` 0.1.0 (``pip install --no-deps dtensor-muon==0.1.0``) through the gates:
+``--impl examples.dtensor_muon_adapter:dtensor_muon``.
+
+Its ``Muon`` takes DTensor parameters as they come: momentum on each rank's piece, and each
+matrix gathered whole (``full_tensor``) for Newton–Schulz, laid back out with
+``redistribute``. Its Newton–Schulz is ``torch.compile``d and builds the Gram matrices with a
+Triton kernel of its own (``kernels/gram.py``, imported unconditionally), so it needs
+``triton`` and a CUDA device: it declares ``cuda`` only. Its README asks for Python ≥ 3.12
+and torch ≥ 2.12.1; CPU CI has Python 3.11 and no triton, the GPU machine torch 2.11.
+
+The adapter turns off what is not Muon (``use_cautious_wd=False``) and picks the classic
+iteration (``orthogonalization_strategy="newton_schulz"``: Keller's coefficients). Declared
+as its source has them: momentum as a sum (``buf·μ + g``), ``eps`` 1e-7 added to the norm, bf16
+Newton–Schulz, the ``original`` lr scale, float32 momentum. Its quintic is the plain form
+with a Triton Gram (declared as ``plain_quintic``, the nearest known cause: the cause gate
+shows whether that explains it), and its weight decay is added to the update, so scaled by
+the lr scale as well (``p − lr·scale·(u + wd·p)``); the reference expresses neither.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtensor_muon import Muon
+
+
+def dtensor_muon(param_groups: list[dict[str, Any]], **settings: Any) -> Muon:
+    groups = []
+    for g in param_groups:
+        if g["use_muon"]:
+            groups.append({"params": list(g["params"]), "algorithm": "muon"})
+        else:
+            groups.append({"params": list(g["params"]), "algorithm": "adamw", "lr": settings["adamw_lr"],
+                           "wd": settings["adamw_weight_decay"], "betas": settings["adamw_betas"],
+                           "eps": settings["adamw_eps"]})  # fmt: skip
+    return Muon(
+        groups,
+        lr=settings["lr"],
+        wd=settings["weight_decay"],
+        use_cautious_wd=False,
+        momentum=settings["momentum"],
+        nesterov=settings["nesterov"],
+        ns_steps=settings["ns_steps"],
+        orthogonalization_strategy="newton_schulz",
+    )
+
+
+dtensor_muon.muongate_conventions = {  # type: ignore[attr-defined]
+    "momentum_form": "sum",
+    "eps_form": "add",
+    "eps": 1e-7,
+    "ns_coefficients": "keller",
+    "ns_dtype": "bfloat16",
+    "adjust_lr_fn": "original",
+}
+dtensor_muon.muongate_features = {"adamw", "experts", "bf16"}  # type: ignore[attr-defined]
+dtensor_muon.muongate_layouts = {"hsdp", "tp", "fsdp_tp", "hsdp_tp"}  # type: ignore[attr-defined]
+dtensor_muon.muongate_devices = {"cuda"}  # type: ignore[attr-defined]
+dtensor_muon.muongate_package = "dtensor-muon"  # type: ignore[attr-defined]
+dtensor_muon.muongate_differences = {"plain_quintic"}  # type: ignore[attr-defined]

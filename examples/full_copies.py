@@ -1,0 +1,68 @@
+"""The bridge for optimizers written for whole tensors (one device, or DDP's replicas):
+every rank keeps a full copy of each parameter, gathers each gradient whole (DTensor's
+``full_tensor``), steps the wrapped optimizer on the copies, and keeps its own piece of the
+result (``distribute_tensor``, no communication). The gather and the scatter are DTensor's
+own calls and this bridge's; everything between is the wrapped package's, at any world
+size and layout. An optimizer for DDP's replicas (one that splits the matrices between the
+ranks of the default group and all-gathers the results) gets the same full copies on every
+rank that DDP would give it.
+
+A rank that lacks a gradient the others have leaves them waiting in the gather: that is this
+bridge's limit, shown by the robustness gate for it, not the wrapped package's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+
+def _whole(t: Tensor) -> Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class FullCopies(torch.optim.Optimizer):
+    """Steps the optimizers ``build`` makes, on full copies of the parameters.
+
+    ``build`` gets the param groups with the copies in place of the parameters (each group's
+    other keys as the harness gave them) and returns an optimizer or a list of them."""
+
+    def __init__(
+        self,
+        param_groups: list[dict[str, Any]],
+        build: Callable[[list[dict[str, Any]]], torch.optim.Optimizer | list[torch.optim.Optimizer]],
+    ) -> None:
+        super().__init__([{"params": g["params"], "use_muon": g["use_muon"]} for g in param_groups], {})
+        self._pairs: list[tuple[Tensor, Tensor]] = []
+        copied = []
+        for group in param_groups:
+            copies = []
+            for p in group["params"]:
+                full = _whole(p.detach()).clone()
+                self._pairs.append((p, full))
+                copies.append(full)
+            copied.append({**group, "params": copies})
+        inner = build(copied)
+        self._inner = inner if isinstance(inner, list) else [inner]
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for p, full in self._pairs:
+            full.grad = None if p.grad is None else _whole(p.grad)
+        for opt in self._inner:
+            opt.step()
+        for p, full in self._pairs:
+            if isinstance(p, DTensor):
+                piece = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+                p.to_local().copy_(piece)
+            else:
+                p.copy_(full)
+        return None
+
+
+#: every layout but expert parallelism: the bridge reads any DTensor whole
+LAYOUTS = {"hsdp", "tp", "fsdp_tp", "hsdp_tp"}
