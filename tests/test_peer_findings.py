@@ -51,3 +51,82 @@ def test_muon_fsdp2_fails_on_a_mesh_that_is_a_slice_of_the_world() -> None:
     run = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script)
     assert run.returncode != 0, run.stdout[-2000:]
     assert "rank 1 (mesh [1]): step failed: ValueError: Argument ``gather_list`` must be specified" in run.stdout
+
+
+def _torchrun(script: str, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+    return _run(
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(FINDINGS / script), *args
+    )
+
+
+@pytest.mark.parametrize("package", ["keller", "pytorch_optimizer"])
+def test_ddp_style_muons_cannot_gather_matrices_of_different_shapes_on_gloo(package: str) -> None:
+    pytest.importorskip("muon" if package == "keller" else "pytorch_optimizer", reason="the peers extra")
+    run = _torchrun("ddp_muon_mixed_shapes.py", 2, package)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert (
+        f"rank 0: {package} step failed: RuntimeError: ProcessGroupGloo::allgather: invalid tensor size" in run.stdout
+    )
+
+
+def test_keller_muon_pads_too_few_matrices_beyond_two_ranks() -> None:
+    pytest.importorskip("muon", reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun("keller_muon_padding.py", 4)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "invalid output tensor list at index 0 (expected length 4, got 2)" in run.stdout, run.stdout[-2000:]
+
+
+def test_pytorch_optimizer_muon_leaves_a_rank_waiting_for_a_gradient_it_lacks() -> None:
+    pytest.importorskip("pytorch_optimizer", reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun("pytorch_optimizer_gradient_on_one_rank.py", 2)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "rank 1: step completed" in run.stdout and "rank 0: step failed" in run.stdout, run.stdout[-2000:]
+
+
+def test_torchtitan_dist_muon_needs_a_cuda_device() -> None:
+    pytest.importorskip("torchtitan", reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun("torchtitan_dist_muon_cuda_only.py", 1)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "build_dist_muon failed: DistMuon requires one CUDA device per process" in run.stdout
+
+
+def test_keller_muon_raises_on_a_parameter_without_a_gradient() -> None:
+    pytest.importorskip("muon", reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun("keller_muon_missing_gradient.py", 1)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "step failed: TypeError: lerp_() received an invalid combination of arguments" in run.stdout, run.stdout
+
+
+def test_keller_muon_is_bitwise_its_own_plain_form_and_not_the_addmm_form() -> None:
+    pytest.importorskip("muon", reason="the peers extra: pip install -e .[peers]")
+    run = _run(str(FINDINGS / "keller_muon_arithmetic.py"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "against Keller's own form: max|diff| 0\n" in run.stdout, run.stdout
+    addmm = re.search(r"against the addmm form, lr scale in the lr: max\|diff\| (\S+)", run.stdout)
+    assert addmm is not None and float(addmm[1]) > 0, run.stdout
+
+
+def _on_a_gpu_with(package: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip(f"{package}'s finding shows on a CUDA device only")
+    pytest.importorskip(package, reason=f"{package} installed with --no-deps")
+
+
+def test_dtensor_muon_differs_by_its_triton_plain_form_and_scales_weight_decay_with_the_update() -> None:
+    _on_a_gpu_with("dtensor_muon")
+    run = _run(str(FINDINGS / "dtensor_muon_arithmetic.py"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"\[4, 4\] step against the addmm form: max\|diff\| [1-9]", run.stdout), run.stdout
+    decay = re.search(r"wd 0.1 makes: (\S+); decoupled decay would make (\S+)", run.stdout)
+    assert decay is not None and float(decay[1]) > 1.9 * float(decay[2]), run.stdout
+
+
+def test_torchtitan_dist_muon_refuses_a_missing_gradient_and_batches_expert_stacks() -> None:
+    _on_a_gpu_with("torchtitan")
+    run = _torchrun("torchtitan_dist_muon_contract.py", 1)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "DistMuon requires every configured gradient before step(); missing gradients: ['idle']" in run.stdout
+    assert "2. w [4, 4]: max|diff| against one matrix at a time 0\n" in run.stdout, run.stdout
+    assert not re.search(r"2\. stack \[2, 6, 6\]: max\|diff\| against one matrix at a time 0\n", run.stdout)
