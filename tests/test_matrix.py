@@ -71,3 +71,50 @@ def test_an_adapter_whose_package_does_not_import_gets_a_row_that_says_so() -> N
     )
     row = row_of("no_such_package:muon", "no_such_package:muon", [], note="usage error")
     assert Matrix([row]).table()[1][0][2] == "– (did not run)"
+
+
+#: every adapter of a published Muon, and what its row must show on CPU CI (Python 3.11, gloo)
+PEERS = [
+    "examples.torch_muon:torch_muon",
+    "examples.pytorch_optimizer_adapter:muon",
+    "examples.pytorch_optimizer_adapter:distributed_muon",
+    "examples.keller_muon_adapter:keller_muon",
+    "examples.muon_fsdp2_adapter:muon_fsdp2",
+    "examples.torchtitan_adapter:dist_muon",
+    "examples.dtensor_muon_adapter:dtensor_muon",
+    "examples.emerging_optimizers_adapter:muon",
+]
+
+
+def test_the_matrix_runs_every_installed_peer_on_the_dev_profile(tmp_path: Path) -> None:
+    """What CI runs of the compatibility matrix: every adapter, on the hand-picked edge cases
+    (each one case, no shrinking: muon-fsdp2 compiles per shape) and the cause gate."""
+    import pytest
+
+    for package in ("muon", "pytorch_optimizer", "muon_fsdp2", "torchtitan"):
+        pytest.importorskip(package, reason="the peers extra and examples/peers-no-deps.txt")
+    run = subprocess.run(
+        [sys.executable, "-m", "harness.matrix", "--nproc", "2", "--profile", "dev", "--timeout", "300",
+         "-k", "edge or declared_difference", "--out", str(tmp_path), *PEERS],
+        capture_output=True, text=True, timeout=900, check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = [line for line in (tmp_path / "matrix.md").read_text().splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split(" | ")]
+    rows = {
+        cells[1]: dict(zip(header, cells, strict=True))
+        for cells in ([c.strip().replace("\\|", "|") for c in line.strip("|").split(" | ")] for line in lines[1:])
+    }
+    assert set(rows) == set(PEERS), sorted(rows)
+    assert rows["examples.pytorch_optimizer_adapter:muon"]["edge:uneven-7x5"].startswith("bitwise (1)")
+    assert rows["examples.torch_muon:torch_muon"]["edge:uneven-7x5"].startswith("bitwise (1)")
+    assert rows["examples.muon_fsdp2_adapter:muon_fsdp2"]["edge:uneven-7x5"].startswith(
+        "crashes (1): collective mismatch"
+    )
+    assert (
+        "invalid tensor size"
+        in rows["examples.pytorch_optimizer_adapter:distributed_muon"]["edge:no-grad-and-zero-grad"]
+    )
+    assert rows["examples.keller_muon_adapter:keller_muon"]["tier:causes"].startswith("tier (")
+    assert rows["examples.torchtitan_adapter:dist_muon"]["edge:uneven-7x5"] == "not supported: does not declare cpu"
+    assert "No module named 'triton'" in rows["examples.dtensor_muon_adapter:dtensor_muon"]["package"]

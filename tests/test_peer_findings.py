@@ -130,3 +130,12 @@ def test_torchtitan_dist_muon_refuses_a_missing_gradient_and_batches_expert_stac
     assert "DistMuon requires every configured gradient before step(); missing gradients: ['idle']" in run.stdout
     assert "2. w [4, 4]: max|diff| against one matrix at a time 0\n" in run.stdout, run.stdout
     assert not re.search(r"2\. stack \[2, 6, 6\]: max\|diff\| against one matrix at a time 0\n", run.stdout)
+
+
+def test_emerging_optimizers_muon_refuses_zero_steps_and_normalizes_before_casting() -> None:
+    pytest.importorskip("emerging_optimizers", reason="emerging-optimizers needs Python >= 3.12")
+    run = _run(str(FINDINGS / "emerging_optimizers_muon_arithmetic.py"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1. num_ns_steps=0: ValueError: num_ns_steps must be at least 1, got 0" in run.stdout
+    assert "normalized in float32, then bf16: max|diff| 0\n" in run.stdout, run.stdout
+    assert not re.search(r"bf16, then normalized \(the reference\): max\|diff\| 0\n", run.stdout), run.stdout

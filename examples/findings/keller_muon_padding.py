@@ -8,8 +8,10 @@ Run: ``torchrun --standalone --nproc-per-node 4 examples/findings/keller_muon_pa
 ``MuonWithAuxAdam.step`` builds ``params_pad = params + [empty] * (len(params) % world)`` and
 then gathers ``params_pad[i : i + world]`` for ``i = 0, world, 2·world, …``. The padding
 needed is ``-len(params) % world``: with 5 matrices on 4 ranks it pads 1 instead of 3, so the
-last gather's list has 2 tensors for a world of 4 and torch refuses it. Here: five ``[4, 4]``
-weights, all of one shape, so only the count is at fault. A bug in the package.
+last gather's list has 2 tensors for a world of 4: ranks 0 and 1 get gloo's "invalid output
+tensor list", ranks 2 and 3 an ``IndexError``. Here: five ``[4, 4]`` weights, all of one
+shape, so only the count is at fault; the gates found it with a single matrix on 4 ranks
+(ranks 2 and 3 index past the padded list). A bug in the package.
 """
 
 import sys
