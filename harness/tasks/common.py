@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -109,10 +109,10 @@ def whole(p: Tensor, shape: Sequence[int], group: Any) -> Tensor:
     """All of ``p`` on every rank of ``group``: DTensor's ``full_tensor``, or the plain pieces
     of a candidate's own sharding put in their slices (``all_gather_object``; every rank joins)."""
     if isinstance(p, DTensor):
-        return p.full_tensor()
+        return cast(DTensor, p.detach()).full_tensor()
     index = getattr(p, PIECE, None)
     if index is None:
-        return p
+        return p.detach()
     pieces: list[Any] = [None] * torch.distributed.get_world_size(group)
     torch.distributed.all_gather_object(pieces, (index, p.detach().cpu()), group=group)
     full = torch.zeros(tuple(shape), dtype=p.dtype)

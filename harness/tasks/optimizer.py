@@ -259,7 +259,7 @@ def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, 
     The pieces are laid out by DTensor itself; every rank joins the one gather."""
     if getattr(p, PIECE, None) is not None:  # a plain piece of a candidate's own sharding
         held = [getattr(p, PIECE)]
-        dist.broadcast_object_list(held, src=0, group=ctx.group)
+        dist.broadcast_object_list(held, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
         full = torch.zeros_like(g)
         full[held[0]] = g[held[0]]
         return full, (g if ctx.rank == 0 else None)
@@ -553,7 +553,7 @@ def run_spectrum_case(ctx: RankContext, case: Case) -> TaskResult:
     opt.step()
     settings = {**reference.MUON_DEFAULTS, **case.settings_dict()}
     scaled_lr = settings["lr"] * reference.lr_scale(spec.shape, settings["adjust_lr_fn"])
-    full = whole(p.detach() if isinstance(p, DTensor) else p, spec.shape, ctx.group)
+    full = whole(p, spec.shape, ctx.group)
     if ctx.rank != 0:
         return TaskResult()
     o = -full.double().cpu() / scaled_lr
