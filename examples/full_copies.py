@@ -7,8 +7,11 @@ size and layout. An optimizer for DDP's replicas (one that splits the matrices b
 ranks of the default group and all-gathers the results) gets the same full copies on every
 rank that DDP would give it.
 
-A rank that lacks a gradient the others have leaves them waiting in the gather: that is this
-bridge's limit, shown by the robustness gate for it, not the wrapped package's.
+The ranks first agree which parameters have a gradient anywhere (a max over each mesh
+dim); a rank without one for such a parameter joins the gather with zeros, as the
+reference counts the missing piece. Before they agreed, a rank lacking a gradient the
+others had left them waiting in the gather (the robustness gate found it): the bridge's
+fault, not the wrapped package's.
 """
 
 from __future__ import annotations
@@ -17,12 +20,21 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 def _whole(t: Tensor) -> Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _gradient_somewhere(p: DTensor) -> bool:
+    """Whether any rank of ``p``'s mesh has a gradient for it."""
+    flag = torch.tensor([float(p.grad is not None)], device=p.to_local().device)
+    for dim in range(p.device_mesh.ndim):
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=p.device_mesh.get_group(dim))
+    return bool(flag.item())
 
 
 class FullCopies(torch.optim.Optimizer):
@@ -52,7 +64,11 @@ class FullCopies(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         for p, full in self._pairs:
-            full.grad = None if p.grad is None else _whole(p.grad)
+            if isinstance(p, DTensor) and _gradient_somewhere(p):
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                full.grad = _whole(grad)
+            else:
+                full.grad = None if p.grad is None else _whole(p.grad)
         for opt in self._inner:
             opt.step()
         for p, full in self._pairs:
