@@ -116,7 +116,7 @@ def one_step_update(
 
 
 def _shape(family: str, gen: torch.Generator) -> tuple[int, int]:
-    small, large = sorted(int(x) for x in torch.randint(4, 33, (2,), generator=gen))
+    small, large = sorted(int(x) for x in torch.randint(1, 33, (2,), generator=gen))  # as the gate draws them
     return shape_in(family, small, large)
 
 
