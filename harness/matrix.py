@@ -125,9 +125,9 @@ def _layout_cell(cases: list[CaseResult]) -> Cell:
 
 
 def _declared_skip(s: Skip) -> tuple[str, str]:
-    """A skip for something the candidate did not declare: ``(gate, what)``; else ``("", "")``."""
-    m = re.match(r"(?P<gate>[\w:.×-]+): not run: .*? does not declare (?P<what>.+)$", s.reason)
-    return (m["gate"], f"does not declare {m['what']}") if m else ("", "")
+    """A skip for something the candidate did or did not declare: ``(gate, what)``; else ``("", "")``."""
+    m = re.match(r"(?P<gate>[\w:.×-]+): not run: .*? (?P<what>does not declare .+|declares conventions .+)$", s.reason)
+    return (m["gate"], m["what"]) if m else ("", "")
 
 
 def _by_layout(records: Sequence[object]) -> dict[str, list[CaseResult]]:

@@ -228,8 +228,14 @@ class GateRunner:
         """Rank 0's device (``cpu``, ``cuda:0``)."""
         return str((getattr(self.pool, "devices", None) or [getattr(self.pool, "device", "cpu")])[0])
 
-    def _on_a_declared_device(self, gate: str) -> None:
-        """Skips the running test when the ranks' device type is not one the candidate declared."""
+    def _runnable(self, gate: str) -> None:
+        """Skips the running test, naming the gate, when the candidate declared conventions the
+        reference cannot express, or the ranks' device type is not one it declared."""
+        if self.impl is not None and self.impl.inexpressible:
+            reasons = "; ".join(self.impl.inexpressible)
+            pytest.skip(
+                f"{gate}: not run: {self.impl.spec} declares conventions the reference cannot express: {reasons}"
+            )
         kind = torch.device(self.device).type
         self.require(gate, {kind}, f"its ranks run on {kind}")
 
@@ -292,7 +298,7 @@ class GateRunner:
         ``exact``: a hand-picked case, whose point any narrowing for the candidate removes;
         narrowed, it is skipped with the narrowing named instead of run."""
         __tracebackhide__ = True
-        self._on_a_declared_device(gate)
+        self._runnable(gate)
         if task in self.TASKS_OF_MODELS:
             self.require(gate, {"fully_shard"}, "its model is laid out by FSDP2's fully_shard")
         if exact and self.impl is not None and isinstance(case, Case):
@@ -338,7 +344,7 @@ class GateRunner:
         input with an error that names the parameter (quoted, as ``repr`` gives it) on the
         ranks that fail; a hang, an abort, another error, or a silent difference fails it."""
         __tracebackhide__ = True
-        self._on_a_declared_device(gate)
+        self._runnable(gate)
         ran = self.run(case)
         failure = ran.outcome.failure
         if failure is None or failure.status != "error":
