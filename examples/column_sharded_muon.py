@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
 import reference
+from examples.full_copies import gradient_somewhere
 
 _BLOCKS: dict[int, tuple[int, int, int, Any]] = {}  # id(param) → (start, stop, full cols, group)
 
@@ -82,7 +83,7 @@ class ColumnShardedMuon(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         for group in self.param_groups:
             for p in group["params"]:
-                if group["use_muon"] and id(p) in _BLOCKS and self._gradient_somewhere(p):
+                if group["use_muon"] and id(p) in _BLOCKS and gradient_somewhere(p, [_BLOCKS[id(p)][3]]):
                     p.grad = torch.zeros_like(p) if p.grad is None else p.grad
                 if p.grad is None:
                     continue
@@ -92,13 +93,6 @@ class ColumnShardedMuon(torch.optim.Optimizer):
                 else:
                     self._adamw(p, state, group)
         return None
-
-    @staticmethod
-    def _gradient_somewhere(p: Tensor) -> bool:
-        """Whether any rank has a gradient for ``p``; a rank without one joins the gather with zeros."""
-        flag = torch.tensor([float(p.grad is not None)], device=p.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_BLOCKS[id(p)][3])
-        return bool(flag.item())
 
     def _muon(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         buf = state.setdefault("momentum_buffer", torch.zeros_like(p, dtype=torch.float32))

@@ -29,11 +29,12 @@ def _whole(t: Tensor) -> Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _gradient_somewhere(p: DTensor) -> bool:
-    """Whether any rank of ``p``'s mesh has a gradient for it."""
-    flag = torch.tensor([float(p.grad is not None)], device=p.to_local().device)
-    for dim in range(p.device_mesh.ndim):
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=p.device_mesh.get_group(dim))
+def gradient_somewhere(p: Tensor, groups: list[Any]) -> bool:
+    """Whether any rank of ``groups`` (taken one after another: a mesh's dims) has a gradient for ``p``."""
+    device = p.to_local().device if isinstance(p, DTensor) else p.device
+    flag = torch.tensor([float(p.grad is not None)], device=device)
+    for group in groups:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return bool(flag.item())
 
 
@@ -64,7 +65,8 @@ class FullCopies(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         for p, full in self._pairs:
-            if isinstance(p, DTensor) and _gradient_somewhere(p):
+            mesh = p.device_mesh if isinstance(p, DTensor) else None
+            if mesh is not None and gradient_somewhere(p, [mesh.get_group(d) for d in range(mesh.ndim)]):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
                 full.grad = _whole(grad)
             else:

@@ -53,6 +53,7 @@ class NotSeparable(ValueError):
 
 
 def family_of(shape: tuple[int, ...]) -> str:
+    """The family (``FAMILIES``) of a matrix's shape."""
     rows, cols = shape[-2:]
     return "square" if rows == cols else "wide" if rows < cols else "tall" if rows >= 2 * cols else "a little tall"
 

@@ -85,6 +85,15 @@ def test_a_declared_difference_is_judged_in_its_calibrated_tier_and_a_bug_inside
     assert re.search(r"minimal case: w\[\d+, \d+\] float32 · world 2", wrong.stdout), wrong.stdout[-3000:]
 
 
+def test_each_shape_family_draws_only_matrices_of_that_family() -> None:
+    from harness.causes import FAMILIES, family_of, shape_in
+
+    for family in FAMILIES:
+        for small in range(1, 33):
+            for large in range(small, 33):
+                assert family_of(shape_in(family, small, large)) == family, (family, small, large)
+
+
 def test_cause_tiers_separate_correct_from_wrong_variants_or_say_they_cannot() -> None:
     from harness.causes import NotSeparable, cause_tier
 

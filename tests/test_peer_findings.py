@@ -20,6 +20,12 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180, check=False, env=env)
 
 
+def _torchrun(script: str, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+    return _run(
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(FINDINGS / script), *args
+    )
+
+
 def test_muon_fsdp2_single_device_path_raises_name_error() -> None:
     pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
     run = _run(str(FINDINGS / "muon_fsdp2_single_device.py"))
@@ -29,8 +35,7 @@ def test_muon_fsdp2_single_device_path_raises_name_error() -> None:
 
 def test_muon_fsdp2_step_on_unevenly_sharded_rows_breaks_the_gather() -> None:
     pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
-    script = str(FINDINGS / "muon_fsdp2_uneven_shards.py")
-    run = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script)
+    run = _torchrun("muon_fsdp2_uneven_shards.py", 2)
     assert run.returncode != 0, run.stdout[-2000:]
     assert "rank 1: weight (3, 4), local rows 1" in run.stdout, run.stdout[-2000:]
     assert "Received data size doesn't match expected size" in run.stdout + run.stderr, run.stderr[-2000:]
@@ -38,8 +43,7 @@ def test_muon_fsdp2_step_on_unevenly_sharded_rows_breaks_the_gather() -> None:
 
 def test_muon_fsdp2_moves_a_parameter_that_has_no_gradient() -> None:
     pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
-    script = str(FINDINGS / "muon_fsdp2_moves_without_gradient.py")
-    run = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", script)
+    run = _torchrun("muon_fsdp2_moves_without_gradient.py", 1)
     assert run.returncode != 0, run.stdout[-2000:]
     moved = re.search(r"largest change of a weight without a gradient: (\S+)", run.stdout)
     assert moved is not None and float(moved[1]) > 0, run.stdout[-2000:]
@@ -47,16 +51,9 @@ def test_muon_fsdp2_moves_a_parameter_that_has_no_gradient() -> None:
 
 def test_muon_fsdp2_fails_on_a_mesh_that_is_a_slice_of_the_world() -> None:
     pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
-    script = str(FINDINGS / "muon_fsdp2_submesh_rank.py")
-    run = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script)
+    run = _torchrun("muon_fsdp2_submesh_rank.py", 2)
     assert run.returncode != 0, run.stdout[-2000:]
     assert "rank 1 (mesh [1]): step failed: ValueError: Argument ``gather_list`` must be specified" in run.stdout
-
-
-def _torchrun(script: str, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
-    return _run(
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(FINDINGS / script), *args
-    )
 
 
 @pytest.mark.parametrize("package", ["keller", "pytorch_optimizer"])
