@@ -78,6 +78,18 @@ def test_bad_option_is_a_one_line_usage_error_that_says_the_fix(
     assert "Traceback" not in result.stderr.str() and "INTERNALERROR" not in result.stderr.str()
 
 
+def test_a_factory_the_ranks_cannot_receive_is_refused_at_once(suite: pytest.Pytester) -> None:
+    suite.makepyfile(
+        closure_impl="def _make():\n    def factory(groups, **settings):\n        pass\n    return factory\n\n\nmuon = _make()\n"
+    )
+    result = suite.runpytest_subprocess("--impl", "closure_impl:muon", timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: --impl closure_impl:muon: the ranks receive it by pickling, and it does not pickle (*"
+         "make it a function or class defined at the top level of its module*"]
+    )  # fmt: skip
+
+
 JUNIT_GATE = """
 import pytest
 from harness.cases import Case, ParamSpec

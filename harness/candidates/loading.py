@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import pickle
 from typing import Any
 
 
@@ -19,4 +20,11 @@ def load_declared(option: str, spec: str) -> tuple[Any, dict[str, Any]]:
     obj = load_object(spec)
     if not callable(obj):
         raise TypeError(f"--{option} {spec}: {obj!r} is not callable")
+    try:
+        pickle.dumps(obj)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise TypeError(
+            f"--{option} {spec}: the ranks receive it by pickling, and it does not pickle ({e}); "
+            "make it a function or class defined at the top level of its module"
+        ) from e
     return obj, dict(getattr(obj, "muongate_conventions", {}))

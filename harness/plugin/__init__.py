@@ -261,7 +261,8 @@ def _load_plugin(config: pytest.Config, option: str, load: Callable[[str], Any],
     try:
         return load(spec)
     except (ImportError, AttributeError, TypeError, ValueError) as e:
-        raise pytest.UsageError(f"--{option} {spec}: {e}; expected {form} importable from here") from e
+        said = str(e).removeprefix(f"--{option} {spec}: ")  # the loaders name the option too
+        raise pytest.UsageError(f"--{option} {spec}: {said}; expected {form} importable from here") from e
 
 
 def _baseline(config: pytest.Config) -> Any:
