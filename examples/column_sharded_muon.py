@@ -28,8 +28,6 @@ from torch.distributed.device_mesh import DeviceMesh
 import reference
 from examples.full_copies import gradient_somewhere
 
-_BLOCKS: dict[int, tuple[int, int, int, Any]] = {}  # id(param) → (start, stop, full cols, group)
-
 
 def _columns(cols: int, ranks: int, rank: int) -> tuple[int, int]:
     """The columns ``[start, stop)`` of ``rank``'s block, as ``torch.tensor_split`` splits them."""
@@ -45,18 +43,18 @@ def shard_by_columns(module: nn.Module, mesh: DeviceMesh) -> None:
         owner = module.get_submodule(path.rpartition(".")[0]) if "." in path else module
         start, stop = _columns(p.shape[-1], ranks, rank)
         block = nn.Parameter(p.detach()[..., start:stop].clone())
-        _BLOCKS[id(block)] = (start, stop, p.shape[-1], group)
+        block.columns = (start, stop, p.shape[-1], group)  # type: ignore[attr-defined]
         owner.register_parameter(path.rpartition(".")[2], block)
 
 
 def columns_piece(name: str, param: Tensor) -> tuple[slice, ...]:
-    start, stop, _, _ = _BLOCKS[id(param)]
+    start, stop, _, _ = param.columns
     return (*[slice(None)] * (param.ndim - 1), slice(start, stop))
 
 
 def neighbours_piece(name: str, param: Tensor) -> tuple[slice, ...]:
     """The planted bug: the block of the next rank's columns, as wide as this one."""
-    start, stop, cols, _ = _BLOCKS[id(param)]
+    start, stop, cols, _ = param.columns
     width = stop - start
     shifted = min(stop, cols - width)
     return (*[slice(None)] * (param.ndim - 1), slice(shifted, shifted + width))
@@ -64,7 +62,7 @@ def neighbours_piece(name: str, param: Tensor) -> tuple[slice, ...]:
 
 def _whole(block: Tensor, p: Tensor) -> Tensor:
     """The full tensor from every rank's ``block`` of ``p``'s columns (``all_gather``, padded to the widest)."""
-    start, stop, cols, group = _BLOCKS[id(p)]
+    start, stop, cols, group = p.columns
     ranks = dist.get_world_size(group)
     widest = max(b - a for a, b in (_columns(cols, ranks, r) for r in range(ranks)))
     padded = block.new_zeros(*block.shape[:-1], widest)
@@ -83,7 +81,7 @@ class ColumnShardedMuon(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         for group in self.param_groups:
             for p in group["params"]:
-                if group["use_muon"] and id(p) in _BLOCKS and gradient_somewhere(p, [_BLOCKS[id(p)][3]]):
+                if group["use_muon"] and hasattr(p, "columns") and gradient_somewhere(p, [p.columns[3]]):
                     p.grad = torch.zeros_like(p) if p.grad is None else p.grad
                 if p.grad is None:
                     continue
@@ -97,10 +95,10 @@ class ColumnShardedMuon(torch.optim.Optimizer):
     def _muon(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         buf = state.setdefault("momentum_buffer", torch.zeros_like(p, dtype=torch.float32))
         update = reference.momentum_update(buf, p.grad, group["momentum"], group["nesterov"], group["momentum_form"])
-        whole = _whole(update, p) if id(p) in _BLOCKS else update
+        whole = _whole(update, p) if hasattr(p, "columns") else update
         ortho = reference.group_orthogonalizer(group)(whole)
-        if id(p) in _BLOCKS:
-            start, stop, _, _ = _BLOCKS[id(p)]
+        if hasattr(p, "columns"):
+            start, stop, _, _ = p.columns
             ortho = ortho[..., start:stop]
         scaled = group["lr"] * reference.lr_scale(whole.shape, group["adjust_lr_fn"])
         reference.apply_update(p, ortho, group["lr"], group["weight_decay"], scaled)

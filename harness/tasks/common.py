@@ -83,6 +83,21 @@ def local_piece(full: Tensor, p: Tensor) -> Tensor:
     return laid.to_local() if isinstance(laid, DTensor) else laid
 
 
+def local_of(p: Tensor) -> Tensor:
+    """This rank's piece of ``p``: a DTensor's local tensor, or the plain tensor itself."""
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def whole_of_piece(piece: Tensor, p: Tensor, shape: Sequence[int], group: Any) -> Tensor:
+    """The full ``shape`` tensor whose piece on this rank is ``piece``, laid out as parameter
+    ``p`` is (every rank joins): ``DTensor.from_local`` and ``full_tensor``, or ``whole``."""
+    if isinstance(p, DTensor):
+        return DTensor.from_local(piece, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()).full_tensor()
+    if hasattr(p, PIECE):
+        setattr(piece, PIECE, getattr(p, PIECE))
+    return whole(piece, shape, group)
+
+
 def read_own_sharding(named: Iterable[tuple[str, Tensor, torch.Size]], factory: Any, rank: int) -> None:
     """After a candidate's ``muongate_shard``: each plain parameter's piece, by its ``muongate_piece``
     (``(name, parameter, full shape)`` triples), checked against the parameter's shape."""

@@ -38,12 +38,14 @@ from harness.tasks.common import (
     PIECE,
     compare_params_and_state,
     factory_of,
+    local_of,
     local_piece,
     mesh_for,
     param_groups,
     read_own_sharding,
     shard_like,
     whole,
+    whole_of_piece,
 )
 from harness.tasks.result import TaskResult
 from reports.records import Comparison
@@ -261,6 +263,8 @@ def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, 
         held = [getattr(p, PIECE)]
         dist.broadcast_object_list(held, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
         full = torch.zeros_like(g)
+        if tuple(p.shape) == tuple(g.shape):  # a whole copy is a replica, as under Replicate() below
+            held = [getattr(p, PIECE)] if ctx.rank == 0 else [(slice(0, 0),)]
         full[held[0]] = g[held[0]]
         return full, (g if ctx.rank == 0 else None)
     if not isinstance(p, DTensor) or ctx.world_size == 1:
@@ -355,7 +359,8 @@ def _round_trip(
 
 def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
     """One step from the case's weights; the update the candidate applied (new minus old
-    weights, float32), gathered whole with DTensor's ``full_tensor``, against the
+    weights, float32), gathered whole (DTensor's ``full_tensor``, or a candidate's own pieces
+    put together: ``whole_of_piece``), against the
     reference's, in the case's tier, or else ``harness.compare.GRAM_PARTIAL`` for its Newton–Schulz
     dtype (judged on rank 0: the tiers were calibrated on whole matrices, and a small piece's
     relative error is larger). With no weight decay the update is ``-lr·scale·O``, so the
@@ -366,10 +371,11 @@ def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
     ref = _reference(case, tensors)
     ref_by_name = _by_name(ref)
-    model = build_model(case, tensors, mesh_for(ctx, case.mesh, layout=case.layout))
+    mesh = mesh_for(ctx, case.mesh, layout=case.layout)
+    model = build_model(case, tensors, mesh)
     opt = _candidate(case, model)
-    params = {s.name: cast(DTensor, case_param(model, s.name)) for s in case.params}
-    before = {name: p.to_local().float().clone() for name, p in params.items()}
+    params = {s.name: case_param(model, s.name) for s in case.params}
+    before = {name: local_of(p).float().clone() for name, p in params.items()}
     for i, spec in enumerate(case.params):
         g = cast(Tensor, gradient(spec, case.seed, i, 0)).to(device)
         ref_by_name[spec.name].grad = g
@@ -380,8 +386,8 @@ def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
     records = []
     for t, spec in zip(tensors, case.params, strict=True):
         p = params[spec.name]
-        local = p.to_local().float() - before[spec.name]
-        actual = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()).full_tensor()
+        local = local_of(p).float() - before[spec.name]
+        actual = whole_of_piece(local, p, spec.shape, mesh.get_group() if mesh.ndim == 1 else None)
         if ctx.rank == 0:
             expected = ref_by_name[spec.name].detach().float() - t.float()
             records.append(compare(expected, actual, tensor=f"{spec.name}.update", rank=0, tier=tier))
