@@ -37,6 +37,7 @@ CAUSES: dict[str, str] = {
     "plain_quintic": "Newton–Schulz in the plain form B = b·A + c·(A@A); X = a·X + B@X, not addmm",
     "scaled_update": "the lr scale multiplies the orthogonalized update in its own dtype before the lr does",
     "bf16_momentum": "momentum kept in the parameter's dtype, so a bf16 parameter's update starts from bf16",
+    "fp32_normalize": "the update normalized in float32 first, then cast to the Newton–Schulz dtype",
 }
 #: square; wide (fewer rows than columns); tall (at least twice the rows, where the lr scale
 #: √(rows/cols) stays above one even on half the rows); and a little tall, in between
@@ -70,19 +71,25 @@ def shape_in(family: str, small: int, large: int) -> tuple[int, int]:
     return cols + 1 + large % (cols - 1), cols
 
 
-def _plain(G: Tensor, group: dict[str, Any]) -> Tensor:
-    """Newton–Schulz in the plain form, with the group's coefficients, eps form and dtype."""
+def _newton_schulz(G: Tensor, group: dict[str, Any], causes: frozenset[str]) -> Tensor:
+    """Newton–Schulz with the group's coefficients, eps form and dtype, and the causes that
+    change it: the plain form (``plain_quintic``), the norm taken in float32 (``fp32_normalize``)."""
     schedule, safety = reference.coefficient_schedule(group["ns_coefficients"])
-    X = G.to(group["ns_dtype"], copy=True)
+    normalize_first = "fp32_normalize" in causes
+    X = G.to(torch.float32 if normalize_first else group["ns_dtype"], copy=True)
     tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT
     norm = X.norm() * safety
     X = X / (norm + group["eps"]) if group["eps_form"] == "add" else X / norm.clamp(min=group["eps"])
+    X = X.to(group["ns_dtype"])
     for i in range(group["ns_steps"]):
         a, b, c = schedule[min(i, len(schedule) - 1)]
         A = X @ X.mT
-        X = a * X + (b * A + c * (A @ A)) @ X
+        if "plain_quintic" in causes:
+            X = a * X + (b * A + c * (A @ A)) @ X
+        else:
+            X = torch.addmm(X, torch.addmm(A, A, A, beta=b, alpha=c), X, beta=a)
     return X.mT if tall else X
 
 
@@ -105,7 +112,8 @@ def one_step_update(
         buf = torch.zeros_like(g, dtype=torch.float32)
         update = reference.momentum_update(buf, g, momentum, nesterov, group["momentum_form"])
     settings = {**group, "ns_steps": group["ns_steps"] - steps_less}
-    ortho = _plain(update, settings) if "plain_quintic" in causes else reference.group_orthogonalizer(settings)(update)
+    changed = causes & {"plain_quintic", "fp32_normalize"}
+    ortho = _newton_schulz(update, settings, changed) if changed else reference.group_orthogonalizer(settings)(update)
     rows, cols = p.shape
     scale = reference.lr_scale((rows_seen or rows, cols), group["adjust_lr_fn"])
     after = p.clone()

@@ -179,14 +179,35 @@ def test_declared_devices_and_the_default_group_shape_what_a_candidate_runs() ->
     from harness.candidates.impl import Impl
     from harness.cases.case import Case, ParamSpec
 
-    def ddp(param_groups: object, **settings: object) -> None: ...
-
-    ddp.muongate_devices = {"cuda"}  # type: ignore[attr-defined]
-    ddp.muongate_default_group = True  # type: ignore[attr-defined]
-    sys.modules["ddp_style"] = type(sys)("ddp_style")
-    sys.modules["ddp_style"].ddp = ddp  # type: ignore[attr-defined]
-    impl = Impl.load("ddp_style:ddp")
+    ddp = _module_level("ddp_style", "ddp", muongate_devices={"cuda"}, muongate_default_group=True)
+    impl = Impl.load(ddp)
     assert impl.missing({"cpu"}) == ["cpu"] and impl.missing({"cuda"}) == []
     widened = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),)), pool_world=2)
     assert widened.world_size == 2 and widened.mesh == (2,)
     assert any("world 1 → 2 (muongate_default_group" in note for note in widened.narrowed)
+
+
+def test_a_candidate_that_refuses_zero_iterations_gets_its_fewest_and_the_case_says_so() -> None:
+    from harness.candidates.impl import Impl
+    from harness.cases.case import Case, ParamSpec
+
+    impl = Impl.load(_module_level("at_least_one", "muon", muongate_min_ns_steps=1))
+    raised = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 0),)))
+    assert dict(raised.settings)["ns_steps"] == 1
+    assert "ns_steps 0 → 1 (muongate_min_ns_steps)" in raised.narrowed
+    assert not impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 3),))).narrowed
+    with pytest.raises(ValueError, match="muongate_min_ns_steps -1 must be a whole number"):
+        Impl.load(_module_level("below_zero", "muon", muongate_min_ns_steps=-1))
+
+
+def _module_level(module: str, name: str, **declared: object) -> str:
+    """A factory declaring ``declared``, importable (and so picklable) as ``module:name``."""
+
+    def factory(param_groups: object, **settings: object) -> None: ...
+
+    factory.__module__, factory.__qualname__ = module, name
+    for key, value in declared.items():
+        setattr(factory, key, value)
+    sys.modules[module] = type(sys)(module)
+    setattr(sys.modules[module], name, factory)
+    return f"{module}:{name}"

@@ -17,6 +17,8 @@ The contract, for ``FACTORY``:
     does not know, or a value it cannot take, is reported (the gates skip, naming it),
     never compared silently;
   - ``muongate_max_world``: the largest world size it supports (default: any);
+  - ``muongate_min_ns_steps``: the fewest Newton–Schulz iterations it takes, for one that
+    refuses fewer by name (default: 0); a case's ``ns_steps`` below it is raised to it;
   - ``muongate_features``: which of ``"adamw"``, ``"experts"`` (3-D parameters),
     ``"bf16"``, ``"checkpoint"``, ``"fully_shard"`` (with ``muongate_shard`` only, below)
     it supports (default: all). Cases are narrowed to
@@ -112,6 +114,7 @@ class Impl:
     devices: frozenset[str] = DEVICES
     default_group: bool = False
     differences: frozenset[str] = frozenset()
+    min_ns_steps: int = 0
 
     @classmethod
     def load(cls, spec: str) -> Impl:
@@ -144,6 +147,9 @@ class Impl:
         own_sharding = hasattr(factory, "muongate_shard")
         if own_sharding and not callable(factory.muongate_shard):
             raise TypeError(f"--impl {spec}: muongate_shard must be callable as muongate_shard(module, mesh)")
+        min_ns_steps = getattr(factory, "muongate_min_ns_steps", 0)
+        if not isinstance(min_ns_steps, int) or min_ns_steps < 0:
+            raise ValueError(f"--impl {spec}: muongate_min_ns_steps {min_ns_steps!r} must be a whole number ≥ 0")
         conventions = {k: stored_setting(k, v) for k, v in declared.items()}
         return cls(
             spec,
@@ -158,6 +164,7 @@ class Impl:
             devices,
             bool(getattr(factory, "muongate_default_group", False)),
             differences,
+            min_ns_steps,
         )
 
     def _check_expressible(self) -> None:
@@ -196,6 +203,9 @@ class Impl:
             alone = "its own sharding (muongate_shard)" if self.own_sharding else "FSDP2 alone"
             notes.append(f"{case.layout} → {alone} ({layout} not declared in muongate_layouts)")
         settings = dict(case.settings)
+        if settings.get("ns_steps", self.min_ns_steps) < self.min_ns_steps:
+            notes.append(f"ns_steps {settings['ns_steps']} → {self.min_ns_steps} (muongate_min_ns_steps)")
+            settings["ns_steps"] = self.min_ns_steps
         checkpoint = case.checkpoint_after if "checkpoint" in self.features else None
         if checkpoint != case.checkpoint_after:
             notes.append("checkpoint round trip left out (checkpoint not declared)")
