@@ -105,6 +105,15 @@ def test_cause_tiers_separate_correct_from_wrong_variants_or_say_they_cannot() -
         cause_tier(frozenset({"cautious_wd"}), (), "float32", "square")
 
 
+def test_normalizing_in_float32_first_is_a_cause_only_where_newton_schulz_runs_in_bf16() -> None:
+    from harness.causes import FLOOR, MARGIN, cause_tier
+
+    fp32 = cause_tier(frozenset({"fp32_normalize"}), (("lr", 1.0), ("ns_dtype", "float32")), "float32", "square")
+    assert fp32.max_rel_fro == MARGIN * FLOOR and "correct ≤ 0," in fp32.reason  # nothing changes
+    bf16 = cause_tier(frozenset({"fp32_normalize"}), (("lr", 1.0), ("ns_dtype", "bfloat16")), "float32", "wide")
+    assert bf16.max_rel_fro is not None and bf16.max_rel_fro > MARGIN * FLOOR
+
+
 def test_a_candidate_sharding_the_model_its_own_way_is_read_through_its_pieces_and_passes(tmp_path: Path) -> None:
     result = _run(
         tmp_path, "-k", "one_sharded or several_steps or rank-asymmetric", "--hypothesis-profile", "dev",
