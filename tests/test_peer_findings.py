@@ -136,3 +136,22 @@ def test_emerging_optimizers_muon_refuses_zero_steps_and_normalizes_before_casti
     assert "1. num_ns_steps=0: ValueError: num_ns_steps must be at least 1, got 0" in run.stdout
     assert "normalized in float32, then bf16: max|diff| 0\n" in run.stdout, run.stdout
     assert not re.search(r"bf16, then normalized \(the reference\): max\|diff\| 0\n", run.stdout), run.stdout
+
+
+def test_gram_newton_schulz_iterates_in_float16_and_crashes_on_zero_iterations_of_a_wide_matrix() -> None:
+    pytest.importorskip("gram_newton_schulz", reason="examples/peers-no-deps.txt: pip install --no-deps -r …")
+    run = _run(str(FINDINGS / "gram_newton_schulz_float16.py"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "every value a float16 value: True" in run.stdout, run.stdout
+    assert "input times 1e-30: max|output| 0," in run.stdout, run.stdout
+    assert "zero iterations, [4, 6]: TypeError" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_emerging_optimizers_distributed_tp_mode_is_other_arithmetic_than_its_duplicated_mode(nproc: int) -> None:
+    pytest.importorskip("emerging_optimizers", reason="emerging-optimizers needs Python >= 3.12")
+    run = _torchrun("emerging_optimizers_tp_distributed.py", nproc)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.count("duplicated vs one device max|diff| 0,") == 4 * nproc, run.stdout
+    square = re.search(rf"rank 0 of {nproc}: \[8, 8\] split on dim 0: .* distributed vs duplicated (\S+)", run.stdout)
+    assert square is not None and float(square[1]) > 0, run.stdout
