@@ -13,11 +13,16 @@ with the message), ``not supported`` (skipped for a declaration the candidate ma
 or ``not run``. A cell counts only what ran the candidate: a gate of muongate's own code
 (``judges``) is skipped under ``--impl`` and shows as ``not run``. The matrix is written as
 ``OUT/matrix.md`` and ``OUT/matrix.html`` and printed.
+
+A Newton–Schulz kernel (``--kernel MODULE:FN``, repeatable) gets a row of its own table: it
+runs every kernel gate (``gates/test_kernel_gates.py``; ``-k`` chooses only the optimizers'
+gates), and the optimizer it is plugged into is muongate's ``ShardedMuon``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import os
 import re
@@ -38,6 +43,8 @@ CRASHES = ("hang", "abort", "collective mismatch", "error")
 @dataclass(frozen=True)
 class Adapter:
     spec: str
+    #: ``optimizer`` (``--impl``) or ``kernel`` (``--kernel``)
+    kind: str = "optimizer"
 
     @property
     def slug(self) -> str:
@@ -62,11 +69,13 @@ class Adapter:
 def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
     """One adapter through the gates in its own pytest process; its row from its records."""
     directory = out / adapter.slug
+    chosen = ["gates.test_kernel_gates", "--kernel"] if adapter.kind == "kernel" else ["gates", "--impl"]
     command = [
-        sys.executable, "-m", "pytest", "--pyargs", "gates", "-m", "gate", "-q", "-p", "no:randomly",
-        "-p", "no:cacheprovider", "--nproc", str(args.nproc), "--impl", adapter.spec,
+        sys.executable, "-m", "pytest", "--pyargs", chosen[0], "-m", "gate", "-q", "-p", "no:randomly",
+        "-p", "no:cacheprovider", "--nproc", str(args.nproc), chosen[1], adapter.spec,
         "--hypothesis-profile", args.profile, "--gate-report", str(directory), "--gate-device", args.gate_device,
-        *(["-k", args.k] if args.k else []),
+        *(["-k", args.k] if args.k and adapter.kind == "optimizer" else []),
+        *(["--against", args.against] if adapter.kind == "optimizer" else []),
     ]  # fmt: skip
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
@@ -74,7 +83,7 @@ def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
     except subprocess.TimeoutExpired:
         note = f"the run took longer than {args.timeout:g} s and was stopped"
     streams = sorted(directory.glob("results*.jsonl"))
-    return row_of(adapter.spec, adapter.package(), read_streams(streams) if streams else [], note)
+    return row_of(adapter.spec, adapter.package(), read_streams(streams) if streams else [], note, adapter.kind)
 
 
 def _usage(text: str) -> str:
@@ -84,9 +93,13 @@ def _usage(text: str) -> str:
     return (errors or lines)[-1][:300]
 
 
-def row_of(spec: str, package: str, records: Sequence[object], note: str = "") -> Row:
-    """An adapter's cells from its run's records."""
+def row_of(spec: str, package: str, records: Sequence[object], note: str = "", kind: str = "optimizer") -> Row:
+    """An adapter's cells from its run's records; of a run judged ``--against self``, from its
+    comparisons with itself alone (those with the reference are in its own report)."""
     summary = summarize(records)  # type: ignore[arg-type]
+    if summary.header.against == "self":
+        records = [_with_itself(r) if isinstance(r, CaseResult) else r for r in records]
+        summary = summarize(records)  # type: ignore[arg-type]
     cells: dict[str, Cell] = {}
     for g in summary.gates.values():
         if g.gate.startswith("negative:"):
@@ -108,7 +121,12 @@ def row_of(spec: str, package: str, records: Sequence[object], note: str = "") -
         if gate and gate not in cells:
             cells[gate] = Cell("not supported", declared, 0)
     layouts = {family: _layout_cell(cases) for family, cases in _by_layout(records).items()}
-    return Row(spec, package, summary.header.torch, summary.header.backend, cells, layouts, note)
+    h = summary.header
+    return Row(spec, package, h.torch, h.backend, cells, layouts, note, kind, h.against)
+
+
+def _with_itself(case: CaseResult) -> CaseResult:
+    return dataclasses.replace(case, comparisons=tuple(c for c in case.comparisons if c.against == "self"))
 
 
 def _layout_cell(cases: list[CaseResult]) -> Cell:
@@ -127,7 +145,10 @@ def _layout_cell(cases: list[CaseResult]) -> Cell:
 def _declared_skip(s: Skip) -> tuple[str, str]:
     """A skip for something the candidate did or did not declare: ``(gate, what)``; else ``("", "")``."""
     m = re.match(r"(?P<gate>[\w:.×-]+): not run: .*? (?P<what>does not declare .+|declares conventions .+)$", s.reason)
-    return (m["gate"], m["what"]) if m else ("", "")
+    if m:
+        return m["gate"], m["what"]
+    m = re.match(r"(?P<gate>[\w:.×-]+): not run: narrowed for \S+: (?P<what>.+)$", s.reason)  # a hand-picked case
+    return (m["gate"], f"its point narrowed away: {m['what']}") if m else ("", "")
 
 
 def _by_layout(records: Sequence[object]) -> dict[str, list[CaseResult]]:
@@ -150,22 +171,34 @@ def _finding(f: CaseResult) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.matrix", description=__doc__.splitlines()[0])
-    parser.add_argument("adapters", nargs="+", metavar="MODULE:FACTORY")
+    parser.add_argument("adapters", nargs="*", metavar="MODULE:FACTORY", help="optimizers (--impl)")
+    parser.add_argument(
+        "--kernel", action="append", default=[], metavar="MODULE:FN", help="a Newton–Schulz kernel (repeatable)"
+    )
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--profile", default="dev", help="hypothesis profile of every run (default: dev)")
     parser.add_argument(
         "--gate-device", default="cpu", choices=("cpu", "cuda"), help="the ranks' devices (default: cpu)"
     )
     parser.add_argument("-k", default="", help="pytest -k expression: which gates run (default: all)")
+    parser.add_argument(
+        "--against",
+        default="reference",
+        choices=("reference", "self"),
+        help="what the optimizers are judged against: reference.Muon, or each one's own single-device self",
+    )
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one adapter's run may take")
     parser.add_argument("--out", default="muongate-matrix", help="directory for the runs and the matrix")
     args = parser.parse_args(argv)
     if args.nproc < 1 or args.timeout <= 0:
         parser.error(f"--nproc {args.nproc} and --timeout {args.timeout:g} must be positive")
+    if not args.adapters and not args.kernel:
+        parser.error("name at least one adapter (MODULE:FACTORY) or --kernel MODULE:FN")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("CI", "true")  # plain progress in the subprocesses' logs
-    matrix = Matrix([run_adapter(Adapter(spec), out, args) for spec in args.adapters])
+    adapters = [Adapter(spec) for spec in args.adapters] + [Adapter(spec, "kernel") for spec in args.kernel]
+    matrix = Matrix([run_adapter(adapter, out, args) for adapter in adapters])
     (out / "matrix.md").write_text(render_markdown(matrix), encoding="utf-8")
     (out / "matrix.html").write_text(render_html(matrix), encoding="utf-8")
     render_terminal(matrix)

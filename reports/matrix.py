@@ -1,5 +1,7 @@
 """The compatibility matrix (``harness.matrix``) as a terminal table, Markdown and HTML: a row
-per adapter, a column per gate and per layout family, each cell a verdict and its figure."""
+per adapter, a column per gate and per layout family, each cell a verdict and its figure; one
+table per kind of candidate (optimizers through ``--impl``, kernels through ``--kernel``),
+since the two meet different gates."""
 
 from __future__ import annotations
 
@@ -38,46 +40,57 @@ class Row:
     gates: dict[str, Cell] = field(default_factory=dict)
     layouts: dict[str, Cell] = field(default_factory=dict)
     note: str = ""
+    #: which candidate it is: an ``optimizer`` (``--impl``) or a ``kernel`` (``--kernel``)
+    kind: str = "optimizer"
+    #: what its cells judged it against: ``reference`` (reference.Muon) or ``self`` (``--against self``)
+    against: str = "reference"
+
+
+#: the kinds of row, in the order their tables come, with each table's title
+KINDS = {"optimizer": "Optimizers (`--impl`)", "kernel": "Newton–Schulz kernels (`--kernel`)"}
 
 
 @dataclass(frozen=True)
 class Matrix:
     rows: list[Row]
 
-    def gate_columns(self) -> list[str]:
-        return sorted({g for r in self.rows for g in r.gates})
+    def kinds(self) -> list[str]:
+        """The kinds of row it has, in ``KINDS`` order."""
+        return [k for k in KINDS if any(r.kind == k for r in self.rows)]
 
-    def layout_columns(self) -> list[str]:
-        seen = {f for r in self.rows for f in r.layouts}
-        return [f for f in LAYOUT_ORDER if f in seen] + sorted(seen - set(LAYOUT_ORDER))
-
-    def table(self) -> tuple[list[str], list[list[str]]]:
-        """Columns and rows of text: package, backend, then gates and ``layout: …`` columns."""
-        gates, layouts = self.gate_columns(), self.layout_columns()
+    def table(self, kind: str = "optimizer") -> tuple[list[str], list[list[str]]]:
+        """Columns and rows of text for one kind of row: package, backend, then the gates and
+        ``layout: …`` columns those rows have."""
+        mine = [r for r in self.rows if r.kind == kind]
+        gates = sorted({g for r in mine for g in r.gates})
+        seen = {f for r in mine for f in r.layouts}
+        layouts = [f for f in LAYOUT_ORDER if f in seen] + sorted(seen - set(LAYOUT_ORDER))
         columns = ["package", "adapter", "torch, backend", *gates, *(f"layout: {f}" for f in layouts)]
         rows = []
-        for r in self.rows:
+        for r in mine:
             cells = [r.gates.get(g, NOT_RUN).text() for g in gates]
             cells += [r.layouts.get(f, NOT_RUN).text() for f in layouts]
             package = r.package + (f" ({r.note})" if r.note else "")
             ran = f"{r.torch}, {r.backend}" if r.torch else "– (did not run)"
+            ran += ", against itself on one device" if r.torch and r.against == "self" else ""
             rows.append([package, r.spec, ran, *cells])
         return columns, rows
 
 
 def render_markdown(matrix: Matrix) -> str:
-    columns, rows = matrix.table()
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    """The tables, each under its title when there is more than one kind."""
+    parts = []
+    for kind in matrix.kinds():
+        columns, rows = matrix.table(kind)
+        lines = [f"**{KINDS[kind]}**", ""] if len(matrix.kinds()) > 1 else []
+        lines += ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+        lines += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
 
 
 def render_html(matrix: Matrix) -> str:
-    columns, rows = matrix.table()
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="{_status_class(c)}">{html.escape(c)}</td>' for c in row) + "</tr>" for row in rows
-    )
+    tables = "".join(_html_table(KINDS[kind], *matrix.table(kind)) for kind in matrix.kinds())
     style = (
         "body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px;"
         "vertical-align:top;font-size:13px}.bitwise,.passes{background:#e6f4ea}.tier{background:#fef7e0}"
@@ -85,9 +98,16 @@ def render_html(matrix: Matrix) -> str:
     )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>muongate compatibility matrix</title>"
-        f"<style>{style}</style></head><body><h1>muongate compatibility matrix</h1>"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></body></html>\n"
+        f"<style>{style}</style></head><body><h1>muongate compatibility matrix</h1>{tables}</body></html>\n"
     )
+
+
+def _html_table(title: str, columns: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{_status_class(c)}">{html.escape(c)}</td>' for c in row) + "</tr>" for row in rows
+    )
+    return f"<h2>{html.escape(title.replace('`', ''))}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _status_class(text: str) -> str:
@@ -99,10 +119,12 @@ def render_terminal(matrix: Matrix) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    columns, rows = matrix.table()
-    table = Table(title="muongate compatibility matrix", show_lines=True)
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    Console(emoji=False, width=max(160, Console().width)).print(table)
+    console = Console(emoji=False, width=max(160, Console().width))
+    for kind in matrix.kinds():
+        columns, rows = matrix.table(kind)
+        table = Table(title=f"muongate compatibility matrix: {KINDS[kind].replace('`', '')}", show_lines=True)
+        for c in columns:
+            table.add_column(c, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)

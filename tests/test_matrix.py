@@ -33,6 +33,7 @@ def test_each_cell_says_what_its_gates_cases_did() -> None:
         Skip(
             "checkpoint", "checkpoint: not run: its claim is a checkpoint round trip, and x does not declare checkpoint"
         ),
+        Skip("edge:bf16-33x17", "edge:bf16-33x17: not run: narrowed for x:y: w bfloat16 → float32 (bf16 not declared)"),
     ]
     row = row_of("x:y", "x 1.0", records)
     cells = {gate: (c.status, c.detail) for gate, c in row.gates.items()}
@@ -41,11 +42,28 @@ def test_each_cell_says_what_its_gates_cases_did() -> None:
     assert cells["training"] == ("tier", "reduction_order, max|diff| 0.001")
     assert cells["robust:empty-local-shards"] == ("crashes", "hang at w0[4, 4] · case 4: hang on rank 1")
     assert cells["checkpoint"] == ("not supported", "does not declare checkpoint")
+    assert cells["edge:bf16-33x17"] == (
+        "not supported",
+        "its point narrowed away: w bfloat16 → float32 (bf16 not declared)",
+    )
     assert row.layouts["fsdp"].status == "fails"
     markdown = render_markdown(Matrix([row]))
     assert markdown.splitlines()[0].startswith("| package | adapter | torch, backend | checkpoint |")
     assert "fails (1): differs from reference (max\\|diff\\| 0.5)" in markdown
     assert '<td class="crashes">' in render_html(Matrix([row]))
+
+
+def test_kernels_get_a_table_of_their_own_under_its_title() -> None:
+    header = Header(torch="2.13.0+cpu", backend="gloo")
+    optimizer = row_of("x:muon", "x 1.0", [header, _case(1, "one_step")])
+    kernel = row_of("y:ns", "y 2.0", [header, _case(2, "kernel:vs_reference")], kind="kernel")
+    markdown = render_markdown(Matrix([kernel, optimizer]))
+    optimizers, kernels = markdown.split("**Newton–Schulz kernels (`--kernel`)**")
+    assert optimizers.startswith("**Optimizers (`--impl`)**") and "| x:muon |" in optimizers
+    assert "kernel:vs_reference" not in optimizers and "one_step" not in kernels
+    assert "| y 2.0 | y:ns | 2.13.0+cpu, gloo | bitwise (1): 1/1 |" in kernels
+    assert render_html(Matrix([kernel, optimizer])).count("<table>") == 2
+    assert not render_markdown(Matrix([optimizer])).startswith("**")
 
 
 def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes(tmp_path: Path) -> None:
@@ -84,6 +102,23 @@ PEERS = [
     "examples.dtensor_muon_adapter:dtensor_muon",
     "examples.emerging_optimizers_adapter:muon",
 ]
+#: the published Newton–Schulz kernels' adapters
+KERNELS = ["examples.gram_newton_schulz_adapter:gram_newton_schulz"]
+
+
+def _tables(markdown: str) -> list[dict[str, dict[str, str]]]:
+    """Each Markdown table of the matrix as ``{adapter: {column: cell}}``."""
+    tables: list[list[list[str]]] = []
+    for line in markdown.splitlines():
+        if not line.startswith("|"):
+            if tables and tables[-1]:
+                tables.append([])
+            continue
+        if not tables:
+            tables.append([])
+        if line.startswith("| "):  # not the |---| line
+            tables[-1].append([c.strip().replace("\\|", "|") for c in line.strip("|").split(" | ")])
+    return [{cells[1]: dict(zip(t[0], cells, strict=True)) for cells in t[1:]} for t in tables if t]
 
 
 def test_the_matrix_runs_every_installed_peer_on_the_dev_profile(tmp_path: Path) -> None:
@@ -91,21 +126,21 @@ def test_the_matrix_runs_every_installed_peer_on_the_dev_profile(tmp_path: Path)
     (each one case, no shrinking: muon-fsdp2 compiles per shape) and the cause gate."""
     import pytest
 
-    for package in ("muon", "pytorch_optimizer", "muon_fsdp2", "torchtitan"):
+    for package in ("muon", "pytorch_optimizer", "muon_fsdp2", "torchtitan", "gram_newton_schulz"):
         pytest.importorskip(package, reason="the peers extra and examples/peers-no-deps.txt")
     run = subprocess.run(
         [sys.executable, "-m", "harness.matrix", "--nproc", "2", "--profile", "dev", "--timeout", "300",
-         "-k", "edge or declared_difference", "--out", str(tmp_path), *PEERS],
+         "-k", "edge or declared_difference", "--out", str(tmp_path), *PEERS,
+         *(a for k in KERNELS for a in ("--kernel", k))],
         capture_output=True, text=True, timeout=900, check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    lines = [line for line in (tmp_path / "matrix.md").read_text().splitlines() if line.startswith("| ")]
-    header = [c.strip() for c in lines[0].strip("|").split(" | ")]
-    rows = {
-        cells[1]: dict(zip(header, cells, strict=True))
-        for cells in ([c.strip().replace("\\|", "|") for c in line.strip("|").split(" | ")] for line in lines[1:])
-    }
+    rows, kernels = _tables((tmp_path / "matrix.md").read_text())
     assert set(rows) == set(PEERS), sorted(rows)
+    assert set(kernels) == set(KERNELS), sorted(kernels)
+    gram = kernels["examples.gram_newton_schulz_adapter:gram_newton_schulz"]
+    assert gram["kernel:vs_reference"].startswith("fails ("), gram  # float16 inside, against fp32's tier
+    assert gram["kernel:oracle"].startswith("passes ("), gram
     assert rows["examples.pytorch_optimizer_adapter:muon"]["edge:uneven-7x5"].startswith("bitwise (1)")
     assert rows["examples.torch_muon:torch_muon"]["edge:uneven-7x5"].startswith("bitwise (1)")
     assert rows["examples.muon_fsdp2_adapter:muon_fsdp2"]["edge:uneven-7x5"].startswith(
