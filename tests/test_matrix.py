@@ -66,6 +66,15 @@ def test_kernels_get_a_table_of_their_own_under_its_title() -> None:
     assert not render_markdown(Matrix([optimizer])).startswith("**")
 
 
+def test_a_row_judged_against_itself_counts_only_its_comparisons_with_itself() -> None:
+    ref = Comparison("w0", (4, 4), bitwise=False, passed=False, max_abs_diff=0.5)
+    itself = Comparison("w0", (4, 4), against="self")
+    case = CaseResult(1, "one_step", "w0[4, 4] · case 1", "passed", comparisons=(ref, itself), layout="own")
+    row = row_of("x:y", "x 1.0", [Header(torch="2.13.0+cpu", backend="gloo", against="self"), case])
+    assert row.gates["one_step"].text() == "bitwise (1): 1/1" and row.layouts["own"].text() == "bitwise (1): 1/1"
+    assert Matrix([row]).table()[1][0][2] == "2.13.0+cpu, gloo, against itself on one device"
+
+
 def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path),
