@@ -30,9 +30,10 @@ draws it, no weight decay inside its mixin (the reference's decoupled decay is i
 ``weight_decay_method="decoupled"``), and the ``original`` lr scale
 (``scale_mode="shape_scaling"``). Declared as its source has them: EMA momentum, the norm
 clamped at 1e-7 (``F.normalize``), the default ``fp32_matmul_prec="medium"``, which runs
-Newton–Schulz in bf16 after normalizing in float32, and the lr scale multiplying the float32
-update before the lr (``scaled_update``); momentum in the parameter's dtype. CPU CI has
-Python 3.11, so it runs on the GPU machine's Python 3.12.
+Newton–Schulz in bf16 after normalizing in float32 (``fp32_normalize``), and the lr scale
+multiplying the float32 update before the lr (``scaled_update``); momentum in the parameter's
+dtype; at least one Newton–Schulz iteration (``num_ns_steps=0`` is refused by name). CPU CI
+has Python 3.11, so it runs on the GPU machine's Python 3.12.
 """
 
 from __future__ import annotations
