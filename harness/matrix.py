@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reports.matrix import Cell, Matrix, Row, render_html, render_markdown, render_terminal
-from reports.records import CaseResult, Skip
+from reports.records import CaseResult, Header, Skip
 from reports.stream import read_streams
 from reports.summary import fmt, summarize
 
@@ -96,10 +96,9 @@ def _usage(text: str) -> str:
 def row_of(spec: str, package: str, records: Sequence[object], note: str = "", kind: str = "optimizer") -> Row:
     """An adapter's cells from its run's records; of a run judged ``--against self``, from its
     comparisons with itself alone (those with the reference are in its own report)."""
-    summary = summarize(records)  # type: ignore[arg-type]
-    if summary.header.against == "self":
+    if next((r.against for r in reversed(records) if isinstance(r, Header)), "reference") == "self":
         records = [_with_itself(r) if isinstance(r, CaseResult) else r for r in records]
-        summary = summarize(records)  # type: ignore[arg-type]
+    summary = summarize(records)  # type: ignore[arg-type]
     cells: dict[str, Cell] = {}
     for g in summary.gates.values():
         if g.gate.startswith("negative:"):

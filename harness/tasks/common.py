@@ -77,15 +77,14 @@ def shard_like(full: Tensor, p: Tensor) -> Tensor:
     return full if index is None else full[index].clone()
 
 
-def local_piece(full: Tensor, p: Tensor) -> Tensor:
-    """This rank's piece of ``full`` laid out as ``p`` is (``shard_like``'s local tensor); a plain ``p`` takes it whole."""
-    laid = shard_like(full, p)
-    return laid.to_local() if isinstance(laid, DTensor) else laid
-
-
 def local_of(p: Tensor) -> Tensor:
     """This rank's piece of ``p``: a DTensor's local tensor, or the plain tensor itself."""
     return p.to_local() if isinstance(p, DTensor) else p
+
+
+def local_piece(full: Tensor, p: Tensor) -> Tensor:
+    """This rank's piece of ``full`` laid out as ``p`` is (``shard_like``'s local tensor); a plain ``p`` takes it whole."""
+    return local_of(shard_like(full, p))
 
 
 def whole_of_piece(piece: Tensor, p: Tensor, shape: Sequence[int], group: Any) -> Tensor:
@@ -146,7 +145,7 @@ def compare_shard(
     is itself a DTensor on a one-rank mesh (the candidate's single-device self) is read whole."""
     if isinstance(ref_full, DTensor):
         ref_full = ref_full.full_tensor()
-    actual = cand.to_local() if isinstance(cand, DTensor) else cand
+    actual = local_of(cand)
     layout = cand if like is None or isinstance(cand, DTensor) else like
     return compare(local_piece(ref_full, layout), actual.detach(), tensor=name, step=step, rank=rank, tier=tier)
 

@@ -262,11 +262,12 @@ def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, 
     if getattr(p, PIECE, None) is not None:  # a plain piece of a candidate's own sharding
         held = [getattr(p, PIECE)]
         dist.broadcast_object_list(held, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
-        full = torch.zeros_like(g)
+        mine = g if ctx.rank == 0 else None
         if tuple(p.shape) == tuple(g.shape):  # a whole copy is a replica, as under Replicate() below
-            held = [getattr(p, PIECE)] if ctx.rank == 0 else [(slice(0, 0),)]
+            return (g if mine is not None else torch.zeros_like(g)), mine
+        full = torch.zeros_like(g)
         full[held[0]] = g[held[0]]
-        return full, (g if ctx.rank == 0 else None)
+        return full, mine
     if not isinstance(p, DTensor) or ctx.world_size == 1:
         return g, g
     piece = local_piece(g, p)

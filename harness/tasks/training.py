@@ -36,6 +36,7 @@ from harness.tasks.common import (
     compare_params_and_state,
     compare_shard,
     factory_of,
+    local_of,
     local_piece,
     mesh_for,
     param_groups,
@@ -193,7 +194,6 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
     must agree bit for bit at any world size: a claim about the optimizer alone, with none
     of FSDP2's reduction order in it. Under FSDP2 × TP the ranks of a ``tp`` group share
     their ``dp`` rank's micro-batches."""
-    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
 
     spec, accumulate = case.spec, case.accumulate
@@ -235,7 +235,7 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
             m.zero_grad()
         with torch.no_grad():
             for name, p in twins.items():
-                (p.to_local() if isinstance(p, DTensor) else p).copy_(local_piece(full[name].detach(), p))
+                local_of(p).copy_(local_piece(full[name].detach(), p))
         pairs = ((name, full[name], names[name]) for name in full)
         records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank)
     return TaskResult(tuple(records))
