@@ -1,10 +1,17 @@
 """Claims about the pytest plugin, checked end to end with ``pytester`` in fresh pytest
 processes: options and markers exist, usage errors say how to fix them, a planted hang
-ends the case instead of the run, and -x / --lf / -k behave as in any pytest suite."""
+ends the case instead of the run, and -x / --lf / -k behave as in any pytest suite.
+
+The plugin is installed as an entry point, so it is loaded into every pytest session of an
+environment that has muongate: another project's session must not pay for it (no torch, no
+pool, hypothesis's own default profile, the same start-up time within 0.5 s, best of three
+runs each way so that a busy machine does not decide), and a gate session keeps the profile
+its user chose."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -139,3 +146,99 @@ def test_exitfirst_and_last_failed_rerun_only_what_failed(suite: pytest.Pytester
     again = suite.runpytest_subprocess("-m", "gate", "--lf")
     again.assert_outcomes(failed=1)
     again.stdout.fnmatch_lines(["*run-last-failure*"])
+
+
+UNRELATED_TEST = """
+import multiprocessing
+import sys
+
+from hypothesis import given, settings, strategies as st
+
+
+@given(st.integers())
+def test_an_ordinary_property(x):
+    assert settings.get_current_profile_name() == "default", settings.get_current_profile_name()
+    assert "torch" not in sys.modules
+    assert multiprocessing.active_children() == []
+"""
+
+
+@pytest.fixture
+def unrelated(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """Another project: one hypothesis test, no muongate conftest, the plugin loaded by name."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("MUONGATE_HYPOTHESIS_PROFILE", raising=False)
+    pytester.makepyfile(test_unrelated=UNRELATED_TEST)
+    return pytester
+
+
+def test_an_unrelated_session_keeps_hypothesis_default_profile_and_never_imports_torch(
+    unrelated: pytest.Pytester,
+) -> None:
+    result = unrelated.runpytest_subprocess("-p", "harness.plugin", "-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=1)
+    assert not [line for line in result.outlines if line.startswith("muongate ")], "a header line needs torch"
+
+
+def test_an_unrelated_session_starts_within_half_a_second_of_one_without_the_plugin(
+    unrelated: pytest.Pytester,
+) -> None:
+    def wall(plugin: str) -> float:
+        start = time.perf_counter()
+        unrelated.runpytest_subprocess("-p", plugin, "-p", "no:cacheprovider", timeout=120).assert_outcomes(passed=1)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"harness.plugin": [], "no:harness.plugin": []}
+    for _ in range(3):  # interleaved, so that a burst of load elsewhere hits both
+        for plugin, runs in times.items():
+            runs.append(wall(plugin))
+    with_plugin, without = min(times["harness.plugin"]), min(times["no:harness.plugin"])
+    assert with_plugin - without <= 0.5, f"best of 3: {with_plugin:.2f} s with the plugin, {without:.2f} s without"
+
+
+PROFILE_TEST = """
+import pytest
+from hypothesis import settings
+
+
+@pytest.mark.gate
+def test_profile():
+    print("profile:", settings.get_current_profile_name())
+"""
+
+OWN_PROFILE = """
+from hypothesis import settings
+
+pytest_plugins = ["harness.plugin"]
+settings.register_profile("ours", max_examples=3)
+settings.load_profile("ours")
+"""
+
+PROFILE_CHOICES = [
+    ("nothing chosen", [], {}, False, "ci"),
+    ("--hypothesis-profile", ["--hypothesis-profile", "dev"], {}, False, "dev"),
+    ("the variable", [], {"MUONGATE_HYPOTHESIS_PROFILE": "thorough"}, False, "thorough"),
+    ("a conftest", [], {}, True, "ours"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "own_conftest", "profile"), [c[1:] for c in PROFILE_CHOICES], ids=[c[0] for c in PROFILE_CHOICES]
+)
+def test_a_gate_session_runs_the_profile_its_user_chose_else_ci(
+    suite: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    env: dict[str, str],
+    own_conftest: bool,
+    profile: str,
+) -> None:
+    monkeypatch.delenv("MUONGATE_HYPOTHESIS_PROFILE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if own_conftest:
+        suite.makeconftest(OWN_PROFILE)
+    suite.makepyfile(test_profile=PROFILE_TEST)
+    result = suite.runpytest_subprocess("test_profile.py", "-s", "-p", "no:cacheprovider", *args, timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"muongate *: torch *, hypothesis * profile {profile}", f"*profile: {profile}"])

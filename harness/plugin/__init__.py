@@ -3,7 +3,17 @@
 Loaded by the root ``conftest.py`` and exposed as the ``harness.plugin`` ``pytest11`` entry
 point, so after ``pip install`` another project's suite has it too (and runs the gates
 with ``--pyargs gates``). Options and their checks live in ``options``; the live display
-in ``progress``. Heavy imports (torch, rich) wait until they are needed.
+in ``progress``.
+
+Because the entry point loads it into every pytest session of an environment where muongate
+is installed, the plugin costs nothing where its gates are not collected: importing it only
+registers hypothesis profiles, and ``pytest_configure`` only checks option values. Torch, the
+hypothesis profile, the devices and the ``--impl``/``--kernel``/``--model`` plug-ins wait for
+the first sign that the session runs gates: an option only gates use (``--nproc``, ``--impl``…)
+or arguments that name muongate's ``gates`` package (``pytest_configure``, so usage errors
+come before collection, as in any pytest plugin), a file of that package is
+about to be imported (``pytest_collect_file``), or a collected test is marked ``gate`` or asks
+for ``gate_runner`` (``pytest_collection_modifyitems``, still before any rank starts).
 
 What a CI system reads: each gate's figures go into the test's ``user_properties`` (so
 ``--junitxml`` carries them), and the Markdown report is appended to
@@ -12,6 +22,7 @@ What a CI system reads: each gate's figures go into the test's ``user_properties
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,10 +32,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from harness.plugin.options import PROFILE_VARIABLE, add_options, check_options
-from harness.ranks import launched_by_torchrun
 
-# Profiles are registered at import, before hypothesis's own plugin reads
-# --hypothesis-profile; "ci" is the default unless that option or the variable says otherwise.
+# Profiles are only registered here; a session that runs gates loads one (``_choose_profile``).
 # Distributed cases take milliseconds to seconds, so hypothesis's per-example deadline is off;
 # the pool's own deadline bounds each case. "ci" is derandomized so CI runs are repeatable.
 _BASE = settings(
@@ -33,9 +42,14 @@ _BASE = settings(
 settings.register_profile("ci", _BASE, max_examples=200, derandomize=True)
 settings.register_profile("dev", _BASE, max_examples=20)
 settings.register_profile("thorough", _BASE, max_examples=2000)
-settings.load_profile("ci")
+DEFAULT_PROFILE = "ci"
+
+# muongate's own gates: the package beside ``harness``, in a checkout and in site-packages alike.
+GATES = Path(__file__).resolve().parents[2] / "gates"
 
 _NPROC = pytest.StashKey[int]()
+_GATES_SEEN = pytest.StashKey[bool]()
+_RESOLVED = pytest.StashKey[bool]()
 _RUNNER = pytest.StashKey[Any]()
 _SKIPS = pytest.StashKey[list[tuple[str, str]]]()
 _IMPL = pytest.StashKey[Any]()
@@ -44,10 +58,20 @@ _MODEL = pytest.StashKey[Any]()
 _BASELINE = pytest.StashKey[Any]()
 _BASELINE_DIFF = pytest.StashKey[Any]()
 _DEVICES = pytest.StashKey[tuple[str, list[str]]]()
+_HEADER_SHOWN = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+def _launched_by_torchrun() -> bool:
+    # Without RANK in the environment there is no torchrun, and no need to import the rank code.
+    if "RANK" not in os.environ:
+        return False
+    from harness.ranks import launched_by_torchrun
+
+    return launched_by_torchrun()
 
 
 def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
@@ -55,7 +79,7 @@ def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
     import torch
 
     wanted = config.getoption("gate_device")
-    if launched_by_torchrun():
+    if _launched_by_torchrun():
         local = int(os.environ["LOCAL_RANK"])
         if wanted != "cpu" and torch.cuda.device_count() > local:
             return "nccl", [f"cuda:{local}"]
@@ -91,8 +115,10 @@ def _xdist_workers(config: pytest.Config) -> tuple[int, int]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Checks every option (before hypothesis's own plugin reads its profile), then resolves
-    the world size, the devices and the plug-ins once, so that usage errors come now."""
+    """Checks every option value (before hypothesis's own plugin loads a profile); when the
+    options or the arguments say that the session runs gates, also resolves the devices and the
+    plug-ins now, so that their usage errors come before collection (and, under xdist, before
+    any worker starts)."""
     config.addinivalue_line("markers", "gate: a distributed equivalence claim run on the rank pool")
     config.addinivalue_line(
         "markers",
@@ -100,11 +126,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "skipped under --impl, and reported as judging SUBJECT",
     )
     check_options(config)
-    if os.environ.get(PROFILE_VARIABLE) and not config.getoption("hypothesis_profile", None):
-        settings.load_profile(os.environ[PROFILE_VARIABLE])
-    _fix_seed(config)
     nproc = config.getoption("nproc")
-    if launched_by_torchrun():
+    if _launched_by_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if nproc is not None and nproc != world:
             raise pytest.UsageError(
@@ -113,45 +136,147 @@ def pytest_configure(config: pytest.Config) -> None:
         nproc = world
         if int(os.environ["RANK"]) != 0:
             config.option.verbose = -2  # rank 0 speaks for the job; the others report only failures
-    nproc = 2 if nproc is None else nproc
-    config.stash[_NPROC] = nproc
-    os.environ["MUONGATE_NPROC"] = str(nproc)
-    config.stash[_DEVICES] = _resolve_device(config, nproc)
-    config.stash[_IMPL] = _impl(config)
-    config.stash[_KERNEL] = _kernel(config)
-    config.stash[_MODEL] = _model(config)
+    config.stash[_NPROC] = 2 if nproc is None else nproc
     config.stash[_BASELINE] = _baseline(config)
     if _is_xdist_controller(config):
         # Workers stream to results-gwN.jsonl and the controller merges every such file in
         # the directory at the end, so an earlier run's must go first.
         for stale in Path(config.getoption("gate_report")).glob("results-gw*.jsonl"):
             stale.unlink()
+    if _says_it_runs_gates(config):
+        _resolve(config)
+
+
+def _says_it_runs_gates(config: pytest.Config) -> bool:
+    """Whether an option that only gates use was given, or the session's arguments (or
+    testpaths) are muongate's gates, in them, or above them."""
+    if config.getoption("gate_device") != "auto":
+        return True
+    if any(config.getoption(name) is not None for name in ("nproc", "impl", "kernel", "model")):
+        return True
+    for arg in config.args:
+        name = arg.split("::")[0]
+        paths = [Path(config.invocation_params.dir, name)]
+        top = name.split(".")[0]
+        if config.option.pyargs and top.isidentifier():
+            spec = importlib.util.find_spec(top)  # a top-level name: nothing is imported
+            if spec is not None and spec.origin is not None:
+                paths.append(Path(spec.origin).parent)
+        for path in paths:
+            path = path.resolve()
+            if path == GATES or GATES in path.parents or path in GATES.parents:
+                return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Where configure saw that the session runs gates, their profile, now that hypothesis's
+    own plugin has loaded any ``--hypothesis-profile`` (and before the header shows it)."""
+    if session.config.stash.get(_RESOLVED, False):
+        _choose_profile(session.config)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> None:
+    """A file of muongate's gates is about to be imported: its module-level ``settings()``
+    and ``MUONGATE_NPROC`` must see the session's profile and world size."""
+    if not parent.config.stash.get(_GATES_SEEN, False) and GATES in file_path.parents:
+        _choose_profile(parent.config)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The session collected gates: now, before any rank starts, the devices and the plug-ins
+    (a bad ``--impl`` is a usage error here when the arguments did not name the gates)."""
+    if config.stash.get(_GATES_SEEN, False) or any(_is_gate(item) for item in items):
+        _choose_profile(config)
+        _resolve(config)
+
+
+def _is_gate(item: pytest.Item) -> bool:
+    uses = getattr(item, "fixturenames", ())
+    return item.get_closest_marker("gate") is not None or "gate_runner" in uses or "gate_model" in uses
+
+
+def _choose_profile(config: pytest.Config) -> None:
+    """Loads the gates' hypothesis profile, unless the user chose one: ``--hypothesis-profile``
+    (hypothesis's plugin loads it), ``MUONGATE_HYPOTHESIS_PROFILE``, or one their conftest
+    loaded; else ``ci``. Also exports the world size that gate modules read at import."""
+    if config.stash.get(_GATES_SEEN, False):
+        return
+    config.stash[_GATES_SEEN] = True
+    os.environ["MUONGATE_NPROC"] = str(config.stash[_NPROC])
+    current = settings.get_current_profile_name()
+    if config.getoption("hypothesis_profile", None):
+        pass
+    elif os.environ.get(PROFILE_VARIABLE):
+        _load_profile(os.environ[PROFILE_VARIABLE])
+    elif current == "default" or current.startswith("default-with-"):
+        _load_profile(DEFAULT_PROFILE)
+    _fix_seed(config)
+    if _launched_by_torchrun():
+        # Every rank must draw the same examples in the same order: no randomness, no database.
+        settings.register_profile("torchrun", settings.default, derandomize=True, database=None)
+        settings.load_profile("torchrun")
+
+
+def _load_profile(name: str) -> None:
+    current = settings.get_current_profile_name()
+    if current.startswith("default-with-"):
+        # hypothesis's plugin derived the default profile for --hypothesis-verbosity or
+        # --hypothesis-explain before the gates were seen; derive ours the same way.
+        derived = name + current.removeprefix("default")
+        here = settings()  # the current profile's values
+        settings.register_profile(derived, settings.get_profile(name), verbosity=here.verbosity, phases=here.phases)
+        name = derived
+    settings.load_profile(name)
 
 
 def _fix_seed(config: pytest.Config) -> None:
     """Under a profile that draws at random, a session without ``--hypothesis-seed`` gets one,
-    so that its reproduce commands draw the same cases (hypothesis's plug-in reads it after us)."""
+    so that its reproduce commands draw the same cases."""
     import random
 
-    profile = config.getoption("hypothesis_profile", None)
-    chosen = settings.get_profile(profile) if profile else settings.default
-    if chosen is not None and not chosen.derandomize and config.getoption("hypothesis_seed", None) is None:
-        config.option.hypothesis_seed = str(random.randrange(2**32))
+    from hypothesis import core
+
+    if not settings().derandomize and config.getoption("hypothesis_seed", None) is None:
+        seed = random.randrange(2**32)
+        config.option.hypothesis_seed = str(seed)
+        core.global_force_seed = seed  # type: ignore[assignment]  # as hypothesis's plugin does with --hypothesis-seed
+
+
+def _resolve(config: pytest.Config) -> None:
+    """The devices and the plug-ins, once; any problem is a usage error."""
+    if config.stash.get(_RESOLVED, False):
+        return
+    config.stash[_DEVICES] = _resolve_device(config, config.stash[_NPROC])
+    config.stash[_IMPL] = _impl(config)
+    config.stash[_KERNEL] = _kernel(config)
+    config.stash[_MODEL] = _model(config)
+    config.stash[_RESOLVED] = True
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
     return _xdist_workers(config)[0] > 1 and not os.environ.get("PYTEST_XDIST_WORKER")
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if launched_by_torchrun():
-        # Every rank must draw the same examples in the same order: no randomness, no database.
-        settings.register_profile("torchrun", settings.default, derandomize=True, database=None)
-        settings.load_profile("torchrun")
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The muongate line, where the arguments named the gates; otherwise it waits for collection."""
+    if not config.stash.get(_RESOLVED, False):
+        return []
+    config.stash[_HEADER_SHOWN] = True
+    return [_header_line(config)]
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    """The muongate line, after collection, for gates that the arguments did not name."""
+    if not config.stash.get(_RESOLVED, False) or config.stash.get(_HEADER_SHOWN, False):
+        return []
+    if config.get_verbosity() < 0 or config.getoption("no_header", False):
+        return []  # where the header is not shown
+    return [_header_line(config)]
+
+
+def _header_line(config: pytest.Config) -> str:
     import hypothesis
     import torch
 
@@ -176,12 +301,14 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     from reports.stream import ResultStream
 
     config = request.config
+    _choose_profile(config)  # already done where collection saw the gate; not for a dynamic request
+    _resolve(config)
     nproc = config.stash[_NPROC]
     backend, devices = config.stash[_DEVICES]
     directory = config.getoption("gate_report")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     name = f"results-{worker}.jsonl" if worker else "results.jsonl"
-    torchrun = launched_by_torchrun()
+    torchrun = _launched_by_torchrun()
     writes_report = not torchrun or int(os.environ["RANK"]) == 0
     stream = ResultStream(os.path.join(directory, name) if writes_report else None)
     timeout = config.getoption("case_timeout")
@@ -242,6 +369,7 @@ def _model(config: pytest.Config) -> Any:
 @pytest.fixture(scope="session")
 def gate_model(request: pytest.FixtureRequest) -> Any:
     """The ``--model`` factory's model as a training spec (``harness.models.plugin.ModelCase``), or ``None``."""
+    _resolve(request.config)
     return request.config.stash[_MODEL]
 
 
