@@ -1,5 +1,5 @@
 """Claims about a Newton–Schulz kernel: ``--kernel MODULE:FN``, or without it the shipped
-Polar Express example (``examples/polar_express_kernel.py``). Contract:
+Polar Express example (``gates/examples/polar_express_kernel.py``). Contract:
 ``harness/candidates/kernel.py``.
 
 (a) the sharded optimizer with the kernel computes the reference with the kernel, bitwise;
@@ -9,7 +9,7 @@ Polar Express example (``examples/polar_express_kernel.py``). Contract:
     ``BAND_MARGIN``), against the exact polar factor from float64 mathematics;
 (d) on edge inputs it behaves as the reference does.
 
-The negative control is ``examples/broken_kernel.py`` (normalizes by the largest row norm):
+The negative control is ``gates/examples/broken_kernel.py`` (normalizes by the largest row norm):
 these gates must catch it and shrink the failure to a small matrix.
 """
 
@@ -29,8 +29,8 @@ from harness.tasks.kernel import BAND_MARGIN, EDGE_INPUTS
 pytestmark = [pytest.mark.gate, pytest.mark.judges("a Newton–Schulz kernel (--kernel)", "kernel")]
 
 NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
-EXAMPLE = "examples.polar_express_kernel:polar_express"
-BROKEN = "examples.broken_kernel:row_norm_ns"
+EXAMPLE = "gates.examples.polar_express_kernel:polar_express"
+BROKEN = "gates.examples.broken_kernel:row_norm_ns"
 SPECTRUM_SHAPES = [(64, 64), (32, 96), (96, 32), (7, 33)]
 
 shapes = matrix_shapes(max_side=48)

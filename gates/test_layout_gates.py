@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from examples.gram_partial_muon import gram_partial_local_gram_muon, gram_partial_muon
+from gates.examples.gram_partial_muon import gram_partial_local_gram_muon, gram_partial_muon
 from gates.negative_controls import LAYOUT_CONTROLS
 from harness.cases import Case, ParamSpec, layout_cases, muon_settings
 

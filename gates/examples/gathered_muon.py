@@ -1,0 +1,120 @@
+"""A gather–orthogonalize–scatter Muon written the way many are published, with its own
+arithmetic: ``--impl gates.examples.gathered_muon:gathered_muon``.
+
+It is correct, but it is not ``reference.Muon`` bit for bit, by design: Newton–Schulz is
+the plain-form quintic (``B = b·A + c·A²; X = a·X + B·X``, as in Keller Jordan's first
+version) rather than the reference's fused ``addmm`` form, and the lr scale multiplies
+the orthogonalized update before the lr does (one rounding more). Against
+``reference.Muon`` every gate therefore shrinks to the same world-1
+difference in the last bits; against itself on one device (``--against self``) it is
+bitwise, which is what shows that its sharding is right.
+
+The update goes through float32 and is rounded to the parameter's dtype once. Applied in
+bf16 directly (``local.add_(update.bfloat16(), alpha=-lr)``, as ``torch.optim.Muon``
+does on one device), ``--against self`` found that its bits depend on the shard's length
+on CPU: a bf16 ``[7, 5]`` weight on two ranks differed from itself on one device.
+
+``gathered_muon_local_lr`` plants the sharding bug that candidates like this ship: the lr
+scale √max(1, rows/cols) taken from the local shard's shape instead of the matrix's. Only
+``--against self`` shows it as its own finding (world 2, a tall matrix).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+A, B, C = 3.4445, -4.7750, 2.0315
+
+
+def plain_quintic(G: Tensor, steps: int, eps: float) -> Tensor:
+    """Newton–Schulz in bf16, in the plain form."""
+    X = G.bfloat16()
+    tall = X.size(0) > X.size(1)
+    if tall:
+        X = X.mT
+    X = X / (X.norm() + eps)
+    for _ in range(steps):
+        M = X @ X.mT
+        X = A * X + (B * M + C * (M @ M)) @ X
+    return X.mT if tall else X
+
+
+class GatheredMuon(torch.optim.Optimizer):
+    """Muon for FSDP2's DTensor parameters: momentum on the local piece, the full update
+    gathered with ``full_tensor``, orthogonalized, and this rank's piece taken back with
+    ``distribute_tensor``."""
+
+    local_shape_lr = False
+    #: the settings it reads (a subclass that reads more names them here)
+    settings_keys: tuple[str, ...] = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "eps")
+
+    def __init__(self, param_groups: list[dict[str, Any]], **settings: Any) -> None:
+        defaults = {k: settings[k] for k in self.settings_keys}
+        super().__init__([{"params": g["params"]} for g in param_groups], defaults)
+
+    def _scale(self, p: DTensor) -> float:
+        rows, cols = p.to_local().shape if self.local_shape_lr else p.shape
+        return math.sqrt(max(1.0, rows / cols)) if rows else 1.0
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                p = cast(DTensor, p)
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+                buf = state["momentum_buffer"].to_local()
+                g = cast(DTensor, p.grad).to_local().float()
+                buf.mul_(group["momentum"]).add_(g)
+                update = g.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
+                self._apply_update(p, update, group)
+        return None
+
+    def _apply_update(self, p: DTensor, update: Tensor, group: dict[str, Any]) -> None:
+        """Orthogonalizes this rank's piece of the update and applies it, with weight decay."""
+        full = DTensor.from_local(update, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+        ortho = plain_quintic(full.full_tensor(), group["ns_steps"], group["eps"])
+        mine = distribute_tensor(ortho, p.device_mesh, p.placements, src_data_rank=None).to_local()
+        local = p.to_local()
+        weights = local.float()
+        weights.mul_(1 - group["lr"] * group["weight_decay"])
+        weights.add_(mine.float() * self._scale(p), alpha=-group["lr"])
+        local.copy_(weights)
+
+
+class GatheredMuonLocalLr(GatheredMuon):
+    local_shape_lr = True
+
+
+_DECLARED = {
+    "muongate_conventions": {
+        "momentum_form": "sum",
+        "ns_coefficients": "keller",
+        "eps_form": "add",
+        "ns_dtype": "bfloat16",
+        "adjust_lr_fn": "original",
+    },
+    "muongate_features": {"bf16"},
+    "muongate_differences": {"plain_quintic", "scaled_update"},
+}
+
+
+def gathered_muon(param_groups: list[dict[str, Any]], **settings: Any) -> GatheredMuon:
+    return GatheredMuon(param_groups, **settings)
+
+
+def gathered_muon_local_lr(param_groups: list[dict[str, Any]], **settings: Any) -> GatheredMuonLocalLr:
+    return GatheredMuonLocalLr(param_groups, **settings)
+
+
+for _factory in (gathered_muon, gathered_muon_local_lr):
+    for _name, _value in _DECLARED.items():
+        setattr(_factory, _name, _value)
