@@ -4,7 +4,9 @@ recovers for the next case."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +117,38 @@ def test_a_rank_busy_in_a_collectives_helper_is_not_waiting_in_a_collective() ->
         collective(main_thread_frames(waiting))
         == "all_gather in all_gather_object, called from optimizer.py:308 in _dcp_load"
     )
+
+
+@pytest.mark.parametrize("nproc", [4, 8])
+def test_ranks_busy_on_their_subgroup_are_not_a_hang_while_others_wait_on_another_group(nproc):
+    """Half the ranks loop over large all-reduces on their own row for about a second or more
+    while the other half wait over the columns: every collective can complete, and does."""
+    with RankPool(nproc, case_timeout_s=120) as grid:
+        numel, reps = 25_000_000 // nproc, 10
+        outcome = grid.run(tasks.subgroup_busy_while_others_wait, (numel, reps))
+        assert outcome.ok, outcome.failure and outcome.failure.describe()
+        assert outcome.results == list(range(nproc))
+        start = time.monotonic()
+        crossed = grid.run(tasks.subgroups_cross)
+        assert crossed.failure is not None and crossed.failure.status == "hang", crossed
+        assert "no rank can complete its collective" in crossed.failure.message
+        assert time.monotonic() - start < 3, "a real deadlock is still named in seconds"
+
+
+def test_the_forkserver_forks_ranks_with_no_thread_but_those_of_importing_torch(pool):
+    """A forked rank inherits every thread's locks and state but not the threads: the server
+    that forks ranks holds only what a fresh ``import torch`` holds (the interpreter's thread
+    and OpenBLAS's, which stops its own around a fork), nothing of gloo's or torch's."""
+    import multiprocessing.forkserver
+    import subprocess
+    import sys
+
+    pool.run(tasks.sum_of_ranks)
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    names = sorted(
+        Path(f"/proc/{server}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{server}/task")
+    )
+    fresh = "import os, torch; print(len(os.listdir('/proc/self/task')))"
+    baseline = int(subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, check=True).stdout)
+    assert not [n for n in names if n.startswith(("gloo", "pt_"))], names
+    assert len(names) <= baseline, f"the forkserver holds {names}; a fresh import of torch holds {baseline} threads"

@@ -13,25 +13,36 @@ each spawn of the pool uses its own store prefix. Several pools (pytest-xdist wo
 therefore run side by side without colliding.
 
 CPU (gloo) workers are forked from a ``forkserver`` that has imported torch and the rank
-tasks once, so fresh ranks are ready in tens of milliseconds, not seconds: a candidate that
+tasks once, so fresh ranks are ready in a fraction of a second, not seconds: a candidate that
 crashes on many cases costs one respawn per case, and shrinking such a case takes hundreds
-of them. CUDA workers are spawned: a process forked from one that has touched the CUDA
+of them. The server holds no thread of torch's, gloo's or OpenMP's when it forks: its
+warm-up step runs on torch's ``fake`` backend, one thread (``harness.ranks.warmup``; a
+child inherits other threads' locks and state but not the threads, and an earlier server
+that warmed up on a gloo group forked beside gloo's three threads). CUDA workers are spawned: a process forked from one that has touched the CUDA
 driver cannot use CUDA.
 
-Nothing hangs forever, and a hang is called in seconds. While a case runs past
-``sample_after_s``, the parent reads the pending ranks' Python stacks (``faulthandler`` on
-``SIGUSR1``, which dumps even from inside C++). A rank whose innermost frames inside torch
-include a blocking ``torch.distributed`` call is in a collective (``harness.ranks.stacks``). When every pending
-rank sits in a collective, with the same stack two samples in a row, at different call
-sites (they cannot meet), or at one call site for ``stall_s``, or for ``grace_s`` once some
-rank of the case has returned (its peers then wait for a rank that will never come), the
-case is a hang, naming each rank's collective. A rank that is
-merely slow (compiling, computing) is not in a collective and is never called a hang; the
-case's wall-clock deadline still bounds it, and the process groups' own timeout is set
-past that deadline, so the collective library never answers before the harness does. A
-rank killed by a signal (gloo aborts on a size-mismatched collective) is seen through its
-process sentinel, with its exit code and the tail of its log, which holds what the C++
-side printed before it died.
+Nothing hangs forever, and a hang is called in seconds, never for a rank that progresses.
+While a case runs past ``sample_after_s``, the parent reads the pending ranks' Python stacks
+from a thread in each rank that never interrupts it, and their CPU use from ``/proc``
+(``harness.ranks.watch``). A rank whose innermost frames inside torch include a blocking
+``torch.distributed`` call is in a collective (``harness.ranks.stacks``). When every
+pending rank sits in a collective, with the same stack, and none of them used CPU or was
+runnable since the last look, the case is stuck: at once (two looks in a row) when the
+ranks wait at different call sites, after ``stall_s`` at one call site, or after
+``grace_s`` once some rank of the case has returned (its peers then wait for a rank that
+will never come); the verdict names each rank's collective. Ranks that loop over
+collectives of their own sub-group use CPU, so the ranks waiting for them on another group
+are not called hung; a rank that is merely slow (compiling, computing, descheduled on a
+busy machine) is not in a collective or is runnable, and is never called a hang either. The
+case's wall-clock deadline still bounds every case, and the process groups' own timeout is
+set past it, so the collective library never answers before the harness does. A rank
+killed by a signal (gloo aborts on a size-mismatched collective) is seen through its
+process sentinel, with its exit code and the tail of its log, which holds what the C++ side
+printed before it died (``faulthandler`` writes the stack of a rank that crashes there).
+
+CPU ranks share the host's cores with every other pool on it (``harness.ranks.budget``):
+before each case, each rank's thread count is set to the usable cores over the live ranks of
+every pool on the host, unless ``OMP_NUM_THREADS`` or ``threads`` fixes it.
 """
 
 from __future__ import annotations
@@ -52,8 +63,10 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 from unittest import mock
 
+from harness.ranks.budget import ThreadBudget, usable_cores
 from harness.ranks.context import CaseOutcome, Groups, RankContext, RankFailure, make_groups
 from harness.ranks.stacks import Frame, collective, main_thread_frames
+from harness.ranks.watch import Progress, StackReader, serve_stacks
 
 #: What the forkserver imports once, so that every worker forked from it starts warm.
 _PRELOAD = [
@@ -74,6 +87,8 @@ class _Job:
     world_size: int
     fn: Callable[[RankContext, Any], Any]
     payload: Any
+    #: this rank's thread count for the case (CPU ranks; ``harness.ranks.budget``)
+    threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,7 @@ class _WorkerSpec:
     pg_timeout_s: float
     env: Mapping[str, str]
     log_path: str
+    threads: int = 1
 
 
 #: Stacks are read ``sample_after_s`` into a case, then after gaps that double from that up
@@ -98,11 +114,13 @@ _MAX_SAMPLE_GAP_S = 0.5
 
 
 class _Stall:
-    """How long every pending rank has sat in a collective with the same stack.
+    """How long every pending rank has sat in a collective with the same stack, none progressing.
 
-    Ranks waiting at different call sites cannot all be in one collective: two samples in a
-    row that show the same stacks are enough. Ranks at the same call site may be in one slow
-    collective: they must sit there ``stall_s``, or ``grace_s`` once a rank has returned."""
+    Ranks waiting at different call sites cannot all be in one collective: two looks in a
+    row that show the same stacks and no progress are enough. Ranks at the same call site
+    may be in one slow collective: they must sit there ``stall_s``, or ``grace_s`` once a
+    rank has returned. ``moved`` (``harness.ranks.watch.Progress``) is whether any pending
+    rank used CPU or was runnable since the last look; ``None`` where that cannot be known."""
 
     def __init__(self, stall_s: float, grace_s: float, confirm_s: float = 0.0) -> None:
         self.stall_s, self.grace_s, self.confirm_s = stall_s, grace_s, confirm_s
@@ -111,15 +129,15 @@ class _Stall:
 
     @property
     def suspect(self) -> bool:
-        """Whether the last sample found every pending rank in a collective."""
+        """Whether the last look found every pending rank in a collective."""
         return self._since is not None
 
-    def observe(self, dumps: dict[int, str], *, returned: bool) -> dict[int, str] | None:
+    def observe(self, dumps: dict[int, str], *, returned: bool, moved: bool | None = None) -> dict[int, str] | None:
         """Each pending rank's collective once the case counts as stuck, else ``None``."""
         frames = {r: main_thread_frames(text) for r, text in dumps.items()}
         where = {r: c for r, f in frames.items() if (c := collective(f))}
         now = time.monotonic()
-        if len(where) < len(dumps) or frames != self._frames:
+        if len(where) < len(dumps) or frames != self._frames or moved:
             self._since, self._frames = (now if len(where) == len(dumps) else None), frames
             return None
         assert self._since is not None
@@ -127,14 +145,17 @@ class _Stall:
         return where if now - self._since >= needed else None
 
 
-def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
+def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> None:
     log = open(spec.log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     # C++ messages (gloo's abort reasons, NCCL warnings) go to fd 2: keep them for the parent.
     os.dup2(log.fileno(), 2)
     sys.stderr = log
+    # A rank that crashes in C++ writes its stacks as it dies. SIGUSR1 is sent only once a
+    # case is past its deadline, and only to a rank whose stack reader did not answer.
     faulthandler.enable(file=log, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     os.environ.update(spec.env)
+    reader = serve_stacks(stacks)
 
     import torch
     import torch.distributed as dist
@@ -144,8 +165,7 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
     else:
-        # nproc ranks share the machine's cores: more threads than cores only adds contention.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.nproc))
+        torch.set_num_threads(spec.threads)
     store = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group(
         spec.backend,
@@ -156,12 +176,14 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
     )
     groups = make_groups(spec.nproc)
     _warm_up(spec, groups)
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", (os.getpid(), reader)))
     while True:
         job: _Job | None = conn.recv()
         if job is None:
             break
         try:
+            if job.threads is not None and job.threads != torch.get_num_threads():
+                torch.set_num_threads(job.threads)
             ctx = groups.context(spec.rank, job.world_size, spec.device, spec.backend, job.case_id)
             conn.send(("ok", job.fn(ctx, job.payload)))
         except BaseException:  # every failure goes back to the parent
@@ -202,6 +224,7 @@ class RankPool:
         sample_after_s: float = 0.1,
         stall_s: float | None = None,
         grace_s: float = 0.3,
+        threads: int | None = None,
     ) -> None:
         if nproc < 1:
             raise ValueError(f"nproc={nproc} must be at least 1")
@@ -215,10 +238,12 @@ class RankPool:
         self.pg_timeout_s = pg_timeout_s if pg_timeout_s is not None else case_timeout_s + 30.0
         self.startup_timeout_s = startup_timeout_s
         # More ranks than cores: a descheduled rank can keep a healthy collective waiting longer.
-        crowded = max(1.0, nproc / (os.cpu_count() or 1))
+        crowded = max(1.0, nproc / usable_cores())
         self.sample_after_s, self.grace_s = sample_after_s, grace_s
         self.stall_s = stall_s if stall_s is not None else 1.0 * crowded
         self.spawns = 0
+        #: each CPU rank's thread count, shared with every pool on the host
+        self.budget = ThreadBudget(nproc, threads=threads)
         self._ctx: Any
         #: what CPU ranks and their forkserver must not see: the GPUs. On a machine with one,
         #: torch 2.11 marks every process forked from the server as a bad fork for CUDA, even
@@ -236,6 +261,10 @@ class RankPool:
             self._hidden = {"CUDA_VISIBLE_DEVICES": ""}
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
+        #: each rank's stack reader (``harness.ranks.watch``), its process id and the reader's thread id
+        self._stack_conns: list[Connection] = []
+        self._watched: list[tuple[int, int | None]] = []
+        self._reader = StackReader()
         self._logs: list[str] = []
         self._logdir = tempfile.mkdtemp(prefix="muongate-pool-")
         self._store: Any = None
@@ -253,9 +282,12 @@ class RankPool:
         if self._store is None:
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.spawns += 1
+        self.budget.register()
+        threads = self.budget.threads()
         self._logs = [os.path.join(self._logdir, f"spawn{self.spawns}-rank{r}.log") for r in range(self.nproc)]
         for rank in range(self.nproc):
             parent_end, child_end = self._ctx.Pipe()
+            stacks_parent, stacks_child = self._ctx.Pipe()
             spec = _WorkerSpec(
                 rank=rank,
                 nproc=self.nproc,
@@ -269,25 +301,29 @@ class RankPool:
                 # with: give it this process's, as it is now, and the case's on top.
                 env={**os.environ, **self._hidden, **self._env},
                 log_path=self._logs[rank],
+                threads=threads,
             )
             proc = self._ctx.Process(
                 target=_worker_main,
-                args=(spec, child_end),
+                args=(spec, child_end, stacks_child),
                 daemon=True,
                 name=f"muongate-rank{rank}",
             )
             with mock.patch.dict(os.environ, self._hidden):  # the forkserver starts with the first rank
                 proc.start()
             child_end.close()
+            stacks_child.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
+            self._stack_conns.append(stacks_parent)
         deadline = time.monotonic() + self.startup_timeout_s
         for rank, conn in enumerate(self._conns):
             ready = wait([conn, self._procs[rank].sentinel], timeout=max(0.0, deadline - time.monotonic()))
             try:
                 if conn not in ready:
                     raise EOFError
-                conn.recv()
+                _, watched = conn.recv()
+                self._watched.append(watched)
             except (EOFError, OSError):
                 tail = self._log_tail(rank, 0)
                 self.shutdown()
@@ -305,9 +341,10 @@ class RankPool:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
-        for conn in self._conns:
+        for conn in self._conns + self._stack_conns:
             conn.close()
-        self._procs, self._conns = [], []
+        self._procs, self._conns, self._stack_conns, self._watched = [], [], [], []
+        self.budget.unregister()
 
     def __enter__(self) -> RankPool:
         return self
@@ -341,7 +378,8 @@ class RankPool:
         if not self.alive:
             self.start()
         self._next_case += 1
-        job = _Job(self._next_case, world, fn, payload)
+        threads = None if self.devices[0].startswith("cuda") else self.budget.threads()
+        job = _Job(self._next_case, world, fn, payload, threads)
         offsets = [self._log_size(r) for r in range(world)]
         start = time.monotonic()
         for rank in range(world):
@@ -359,6 +397,9 @@ class RankPool:
         # fraction of a second: give it a second before calling the ranks stuck.
         detail = self._env.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
         stall = _Stall(self.stall_s, self.grace_s, confirm_s=1.0 if detail else 0.0)
+        # CPU use tells a progressing gloo rank from a waiting one; a CUDA rank's CPU may spin
+        # in a wait for the GPU, so there the stacks alone decide.
+        progress = None if self.devices[0].startswith("cuda") else Progress()
         gap = self.sample_after_s
         next_sample = time.monotonic() + gap
         while pending:
@@ -374,7 +415,8 @@ class RankPool:
                 dumps = self._stacks(pending)
                 if failure is not None:  # a rank raised and its peers are stuck: say where, and stop
                     return results, replace(failure, stacks={**failure.stacks, **dumps})
-                stuck = stall.observe(dumps, returned=len(pending) < world)
+                moved = progress.moved({r: self._watched[r] for r in pending}) if progress else None
+                stuck = stall.observe(dumps, returned=len(pending) < world, moved=moved)
                 if stuck is not None:
                     return results, self._stalled(pending, world, stuck, dumps)
                 # Every rank in a collective: look again soon; otherwise less and less often.
@@ -419,7 +461,7 @@ class RankPool:
         return RankFailure("hang", min(pending), why, stacks=dumps, collectives=where)
 
     def _hang(self, pending: set[int], earlier: RankFailure | None) -> RankFailure:
-        stacks = self._stacks(pending)
+        stacks = self._stacks(pending, last=True)
         if earlier is not None:
             return replace(earlier, stacks={**earlier.stacks, **stacks})
         rank = min(pending)
@@ -429,25 +471,29 @@ class RankPool:
         )
         return RankFailure("hang", rank, why, stacks=stacks, collectives=where)
 
-    def _stacks(self, ranks: set[int]) -> dict[int, str]:
-        """Each live rank's Python stacks, dumped now (its last dump where it does not answer)."""
-        before = {r: self._log_size(r) for r in ranks}
-        asked = set()
-        for r in ranks:
-            proc = self._procs[r]
-            if proc.is_alive() and proc.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGUSR1)
-                    asked.add(r)
+    def _stacks(self, ranks: set[int], *, last: bool = False) -> dict[int, str]:
+        """Each live rank's main-thread stack, read by its stack reader without interrupting it.
+
+        ``last``: the case is over (past its deadline, about to be killed), so a rank whose
+        reader does not answer (its main thread holds the GIL) is asked by ``SIGUSR1`` for a
+        ``faulthandler`` dump of every thread, for the report."""
+        answered = self._reader.read({r: self._stack_conns[r] for r in ranks}, timeout_s=0.2)
+        if not last:
+            return {r: answered.get(r, "") for r in sorted(ranks)}
+        silent = {r for r in ranks if r not in answered and self._procs[r].is_alive()}
+        before = {r: self._log_size(r) for r in silent}
+        for r in silent:
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(self._procs[r].pid, signal.SIGUSR1)
         dumps: dict[int, str] = {}
-        give_up = time.monotonic() + 0.2
-        while asked - set(dumps) and time.monotonic() < give_up:
+        give_up = time.monotonic() + 0.5
+        while silent - set(dumps) and time.monotonic() < give_up:
             time.sleep(0.01)
-            for r in asked - set(dumps):
+            for r in silent - set(dumps):
                 text = self._log_tail(r, before[r])
                 if main_thread_frames(text):
                     dumps[r] = text
-        return {r: dumps.get(r, self._log_tail(r, before[r])) for r in sorted(ranks)}
+        return {r: answered.get(r) or dumps.get(r) or self._log_tail(r, before.get(r, 0)) for r in sorted(ranks)}
 
     # -- logs ---------------------------------------------------------------------------
     def _log_size(self, rank: int) -> int:

@@ -1,17 +1,21 @@
 """Imported once by the CPU pool's forkserver (``harness.ranks.pool``): warms what every rank's
 first case would otherwise pay for, so that every rank forked from the server starts warm.
 
-One FSDP2 forward and ``ShardedMuon`` step on a one-rank gloo group held in memory,
-destroyed before any rank is forked: the rank inherits torch's lazily built dispatch, DTensor
-and FSDP2 caches, not a process group. Everything here is pinned to the CPU: a mesh left to
-its default picks the accelerator, and a server that has initialized CUDA cannot fork a
-rank that uses it ("Cannot re-initialize CUDA in forked subprocess").
+One FSDP2 forward and ``ShardedMuon`` step, on a one-rank process group of torch's ``fake``
+backend (its collectives do nothing), destroyed before any rank is forked: the rank inherits
+torch's lazily built dispatch, DTensor and FSDP2 caches (about 1.5 s of a fresh rank's
+first case on the 2-core machine), not a process group.
 
-No backward: on torch 2.11 built with CUDA (the H200 machine) an FSDP2 backward here starts
-autograd's device threads, even with ``CUDA_VISIBLE_DEVICES`` empty, and no rank forked from
-the server can then run a backward ("Unable to handle autograd's threading in combination
-with fork-based multiprocessing"): measured there, each of forward only, and a plain
-backward with the GPUs hidden, forks fine. The step's gradients are set by hand.
+A server that forks must hold no thread but the interpreter's: a forked child inherits
+every thread's locks and state, but not the threads. gloo's backend starts three threads
+(``gloo_tcp_loop``, two ``pt_gloo_runloop``) that outlived ``destroy_process_group`` here,
+and ranks forked beside them died of SIGSEGV now and then; the ``fake`` backend starts none.
+One thread for torch, so that no OpenMP pool is made either. No backward: it would start
+autograd's device threads.
+
+Everything here is pinned to the CPU: a mesh left to its default picks the accelerator, and
+a server that has initialized CUDA cannot fork a rank that uses it ("Cannot re-initialize
+CUDA in forked subprocess").
 """
 
 from __future__ import annotations
@@ -23,15 +27,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from distributed_impl import ShardedMuon
 
 
 def warm() -> None:
-    # One thread: an OpenMP thread pool made here would be inherited, half dead, by every
-    # forked rank, whose first parallel region then never returns.
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
     try:
         model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
         world = cast(dist.ProcessGroup, dist.group.WORLD)

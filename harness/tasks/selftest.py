@@ -134,3 +134,35 @@ def debug_level(ctx: RankContext, payload: Any) -> str:
 def raise_on_every_rank(ctx: RankContext, payload: Any) -> int:
     """Every rank raises with its own message."""
     raise ValueError(f"planted failure on rank {ctx.rank}")
+
+
+def subgroup_busy_while_others_wait(ctx: RankContext, payload: tuple[int, int]) -> int:
+    """On the ``(2, w // 2)`` grid: the second row all-reduces ``numel`` floats ``reps`` times
+    over its own row's group while the first row already waits in an all-reduce over the
+    columns, which the second row joins last. A correct task: every collective can complete."""
+    import torch
+    import torch.distributed as dist
+
+    numel, reps = payload
+    columns, row = ctx.grid_groups[(2, ctx.world_size // 2)]
+    if ctx.rank >= ctx.world_size // 2:
+        t = torch.ones(numel, device=ctx.device)
+        for _ in range(reps):
+            dist.all_reduce(t, group=row)
+    dist.all_reduce(torch.ones(1, device=ctx.device), group=columns)
+    return ctx.rank
+
+
+def subgroups_cross(ctx: RankContext, payload: Any) -> int:
+    """On the ``(2, w // 2)`` grid: ranks on a checkerboard's black squares wait over their
+    column, the others over their row, so every group has a member waiting in another: a deadlock."""
+    import torch
+    import torch.distributed as dist
+
+    columns, row = ctx.grid_groups[(2, ctx.world_size // 2)]
+    where, across = divmod(ctx.rank, ctx.world_size // 2)
+    if (where + across) % 2 == 0:
+        dist.all_reduce(torch.ones(1, device=ctx.device), group=columns)
+    else:
+        dist.all_reduce(torch.ones(1, device=ctx.device), group=row)
+    return ctx.rank

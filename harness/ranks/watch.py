@@ -1,0 +1,151 @@
+"""Watching a running rank without interrupting it: its main thread's stack, and whether it progresses.
+
+**Stacks.** Each rank runs a small thread that, when the parent asks, reads the main thread's
+frame with ``sys._current_frames()`` and answers with it in ``faulthandler``'s format, which
+``harness.ranks.stacks`` parses. Nothing is delivered to the rank as a signal: an earlier
+version dumped every thread from a ``SIGUSR1`` handler (``faulthandler.register``), which
+runs in whatever C++ the rank is in. A collective's wait (gloo's and NCCL's) releases the
+GIL, so a rank waiting in one always answers; a rank whose main thread holds the GIL in C++
+does not answer in time, and a rank that does not answer is not known to wait in a
+collective, so it is never called hung for it (its case's deadline still bounds it).
+
+**Progress.** Ranks that all sit in collectives with the same stacks may still progress: on a
+2-D mesh two ranks can loop over all-reduces on their own sub-group while the others wait on
+another group, and a stack read between two of those all-reduces looks the same each time.
+A collective that moves data or reduces it uses CPU on some rank, and a rank that waits for a
+peer sleeps. So the parent reads, from ``/proc``, each pending rank's CPU time (every thread
+but the stack reader) and whether any of its threads is running or runnable: a rank that
+used CPU since the last look, or that is runnable but descheduled on a busy machine, is
+progressing, and ranks are only ever called stuck while none of them is. Where ``/proc`` is
+missing (not Linux) nothing is known, and the stacks alone decide, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from types import FrameType
+from typing import Any, cast
+
+
+def format_stack(frame: FrameType | None, ident: int) -> str:
+    """A thread's stack as ``faulthandler`` writes it (innermost first)."""
+    lines = [f"Current thread 0x{ident:016x} (most recent call first):"]
+    while frame is not None:
+        lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
+        frame = frame.f_back
+    return "\n".join(lines) + "\n"
+
+
+def serve_stacks(conn: Connection) -> int:
+    """Starts the rank's stack reader on ``conn``; returns its native thread id (its CPU is not the rank's)."""
+    main = threading.main_thread().ident
+    assert main is not None
+    started = threading.Event()
+    native: list[int] = []
+
+    def serve() -> None:
+        native.append(threading.get_native_id())
+        started.set()
+        while True:
+            try:
+                asked = conn.recv()
+            except (EOFError, OSError):
+                return
+            frame = sys._current_frames().get(main)
+            text = format_stack(frame, main)
+            del frame
+            with contextlib.suppress(OSError, BrokenPipeError):
+                conn.send((asked, text))
+
+    threading.Thread(target=serve, name="muongate-stacks", daemon=True).start()
+    started.wait()
+    return native[0]
+
+
+class StackReader:
+    """The parent's side: asks ranks for their stacks and waits a little for the answers."""
+
+    def __init__(self) -> None:
+        self._asked = 0
+
+    def read(self, conns: dict[int, Connection], timeout_s: float) -> dict[int, str]:
+        """The main-thread stack of each rank that answers within ``timeout_s``."""
+        self._asked += 1
+        live: dict[Any, int] = {}
+        for rank, conn in conns.items():
+            with contextlib.suppress(OSError, BrokenPipeError):
+                conn.send(self._asked)
+                live[conn] = rank
+        stacks: dict[int, str] = {}
+        give_up = time.monotonic() + timeout_s
+        while live and (left := give_up - time.monotonic()) > 0:
+            for ready in wait(list(live), timeout=left):
+                rank = live.pop(ready)
+                try:
+                    asked, text = cast(Connection, ready).recv()
+                except (EOFError, OSError):
+                    continue
+                if asked == self._asked:
+                    stacks[rank] = text
+                else:  # the answer to an earlier question, which came too late: wait on
+                    live[ready] = rank
+        return stacks
+
+
+def activity(pid: int, skip_tid: int | None = None) -> tuple[int, int, bool] | None:
+    """``(CPU ns, bytes read and written, a thread running)`` of a process so far, from
+    ``/proc``; ``None`` where that cannot be read. The thread ``skip_tid`` (the stack reader,
+    whose answers are no progress of the rank's) is left out. gloo's transport threads
+    (``gloo_tcp_loop``) wake every few milliseconds while idle, so their being runnable says
+    nothing; the bytes they move do."""
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return None
+    used, moved, running = 0, 0, False
+    for tid in tids:
+        if skip_tid is not None and tid == str(skip_tid):
+            continue
+        try:
+            head, fields = (tasks / tid / "stat").read_text().rsplit(")", 1)
+            used += int((tasks / tid / "schedstat").read_text().split()[0])
+            io = dict(line.split(": ") for line in (tasks / tid / "io").read_text().splitlines())
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        moved += int(io["rchar"]) + int(io["wchar"])
+        running = running or (fields.split()[0] == "R" and not head.endswith("(gloo_tcp_loop"))
+    return used, moved, running
+
+
+class Progress:
+    """Whether any of a set of ranks progressed since the last look (``activity``): it moved
+    bytes, used more than ``busy`` of a core's time, or has a thread runnable (descheduled on
+    a busy machine, it may be the one the others wait for)."""
+
+    def __init__(self, busy: float = 0.25) -> None:
+        self.busy = busy
+        self._last: dict[int, tuple[int, int]] = {}
+        self._at = 0.0
+
+    def moved(self, pids: dict[int, tuple[int, int | None]]) -> bool | None:
+        """``pids``: rank → (pid, stack reader's tid). ``True`` when a rank progressed since the
+        last call, ``False`` when none did, ``None`` when nothing can be known (the first
+        look, or no ``/proc``)."""
+        now = time.monotonic()
+        states = {r: activity(pid, tid) for r, (pid, tid) in pids.items()}
+        before, window, self._at = self._last, now - self._at, now
+        self._last = {r: (s[0], s[1]) for r, s in states.items() if s is not None}
+        if any(s is None for s in states.values()) or set(before) != set(self._last):
+            return None
+        budget = self.busy * window * 1e9
+        return any(
+            running or moved > before[r][1] or used - before[r][0] > budget
+            for r, (used, moved, running) in ((r, s) for r, s in states.items() if s is not None)
+        )
