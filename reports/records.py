@@ -4,7 +4,8 @@ A stream (``results.jsonl``) is one JSON object per line; its first line is a ``
 with the schema version. Each record has a ``kind`` and one serialisation pair,
 ``to_json`` / ``from_json``. A field at its declared default is left out of the JSON
 (most comparisons are bitwise, and a bitwise comparison has no figures to speak of), and
-``from_json`` puts it back.
+``from_json`` puts it back. No record refers to another line, so a line cut short by a
+crash costs that record only.
 
 Kinds:
 
@@ -12,24 +13,34 @@ Kinds:
     once per run: versions, backend, devices, world size, profile, candidate, commit.
 ``case``
     one case, stored once: its gate, what differs from the defaults, the verdict, and
-    every ``Comparison`` it made (a tensor of one step on one rank).
+    every ``Comparison`` it made (a tensor of one step on one rank). A case's comparisons
+    repeat themselves: the same tensors, shapes and verdicts at every step and on every
+    rank. So they are written as a table, ``{"rows": [...], "at": [...]}``: each distinct
+    comparison less its step and rank once, as a short array (``Comparison.ROW``), and each
+    comparison as ``[index, step, rank]`` less trailing zeros (a bare index where both are 0).
 ``skip``, ``scenario``, ``training``, ``spectrum``, ``negative_control``
     a skipped gate and why; what an MoE scenario did; a loss curve; singular values of an
     orthogonalized matrix; a known-wrong variant and whether the gates caught it.
 
 Schema 1 (muongate before the records had a home) repeated the case text on every
-comparison; ``upgrade_v1`` reads it. A stream of a newer schema is refused by name.
+comparison; ``upgrade_v1`` reads it. Schema 2 wrote each comparison as an object of its
+own: about 63 bytes each in the CI main job, against about 19 in tables (3.27 MB of
+stream then, 1.62 MB now). ``CaseResult.from_json`` reads both forms. A stream of a newer
+schema is refused by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Mapping
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
-SCHEMA = 2
+SCHEMA = 3
+#: the schemas ``decode`` reads: 1 through ``upgrade_v1``, 2 and 3 as they are
+READS = (1, 2, 3)
 
 TierKind = Literal["bitwise", "tolerance", "oracle", "edge"]
 #: How a case ended. ``failed``: it ran and some comparison did not pass (or the gate's own
@@ -52,24 +63,46 @@ class Record:
 
     def fields_json(self) -> dict[str, Any]:
         """The fields that differ from their defaults, as JSON values (a nested record is written so)."""
-        return {
-            f.name: _plain(getattr(self, f.name))
-            for f in dataclasses.fields(self)
-            if not _is_default(f, getattr(self, f.name))
-        }
+        return {name: _plain(value) for name, value in self.changed()}
+
+    def changed(self) -> Iterator[tuple[str, Any]]:
+        """Each field not at its default, and its value."""
+        for name, default in _defaults(type(self)).items():
+            value = getattr(self, name)
+            if not _is_default(value, default):
+                yield name, value
 
     @classmethod
     def from_json(cls: type[R], data: Mapping[str, Any]) -> R:
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = _defaults(cls)
         return cls(**{k: _tuples(v) for k, v in data.items() if k in names})
 
 
-def _is_default(f: dataclasses.Field[Any], value: Any) -> bool:
+_REQUIRED = object()
+_DEFAULTS: dict[type[Record], dict[str, Any]] = {}
+
+
+def _defaults(cls: type[Record]) -> dict[str, Any]:
+    """Each field's default, in declaration order (``_REQUIRED`` where it has none)."""
+    if cls not in _DEFAULTS:
+        _DEFAULTS[cls] = {f.name: _default(f) for f in dataclasses.fields(cls)}
+    return _DEFAULTS[cls]
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
-        return bool(value == f.default)
+        return f.default
     if f.default_factory is not dataclasses.MISSING:
-        return bool(value == f.default_factory())
-    return False
+        return f.default_factory()
+    return _REQUIRED
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether ``value`` is ``default`` exactly, so leaving it out loses nothing: of the same
+    type (``1`` is not ``1.0``, nor ``True``) and sign (``-0.0`` is not ``0.0``)."""
+    if type(value) is not type(default) or value != default:
+        return False
+    return not isinstance(value, float) or math.copysign(1.0, value) == math.copysign(1.0, default)
 
 
 def _plain(value: Any) -> Any:
@@ -152,6 +185,29 @@ class Comparison(Record):
     def mismatch_fraction(self) -> float:
         return self.mismatches / self.numel if self.numel else 0.0
 
+    #: The order of a comparison's fields in its case's table (``CaseResult``): what it
+    #: compared, what a bitwise comparison may add, then the figures of one that differed;
+    #: trailing defaults are left out, and step and rank are written per comparison. Only ever
+    #: appended to: another order is another schema.
+    ROW: ClassVar[tuple[str, ...]] = (
+        "tensor", "shape", "dtype", "note", "all_zero", "against", "tier", "tier_kind", "bitwise", "passed",
+        "max_abs_diff", "max_ulp", "mismatches", "rel_fro", "worst_index", "expected_at_worst", "actual_at_worst",
+    )  # fmt: skip
+
+    def to_row(self) -> list[Any]:
+        """The fields but step and rank in ``ROW`` order, as JSON values, trailing defaults left out."""
+        defaults = _defaults(type(self))
+        values = [getattr(self, name) for name in self.ROW]
+        while values and _is_default(values[-1], defaults[self.ROW[len(values) - 1]]):
+            values.pop()
+        return [_plain(v) for v in values]
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], step: int = 0, rank: int = 0) -> Comparison:
+        # A longer row (fields appended by a later muongate of this schema) keeps what this one knows.
+        known = dict(zip(cls.ROW, row, strict=False))
+        return cls(**{k: _tuples(v) for k, v in known.items()}, step=step, rank=rank)
+
     def line(self) -> str:
         """The comparison in one line, as a failure message lists it."""
         where = ""
@@ -207,11 +263,44 @@ class CaseResult(Record):
         """Whether every comparison with ``against`` passed; ``None`` where there was none."""
         return verdict_of(self.comparisons, against)
 
+    def fields_json(self) -> dict[str, Any]:
+        return {name: _table(value) if name == "comparisons" else _plain(value) for name, value in self.changed()}
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CaseResult:
-        comparisons = tuple(Comparison.from_json(c) for c in data.get("comparisons", ()))
+        comparisons = _untable(data.get("comparisons", ()))
         plain = super().from_json({k: v for k, v in data.items() if k not in ("comparisons", "figures")})
         return dataclasses.replace(plain, comparisons=comparisons, figures=dict(data.get("figures", {})))
+
+
+def _table(comparisons: Iterable[Comparison]) -> dict[str, list[Any]]:
+    """A case's comparisons as ``{"rows": [...], "at": [...]}`` (see the module docstring)."""
+    rows: list[list[Any]] = []
+    index: dict[str, int] = {}
+    at: list[Any] = []
+    for c in comparisons:
+        row = c.to_row()
+        # Keyed by its JSON text, so rows that differ in any figure's bits (-0.0 and 0.0) stay two.
+        i = index.setdefault(_text(row), len(rows))
+        if i == len(rows):
+            rows.append(row)
+        where = [i, c.step, c.rank]
+        while len(where) > 1 and where[-1] == 0:
+            where.pop()
+        at.append(where if len(where) > 1 else i)
+    return {"rows": rows, "at": at}
+
+
+def _untable(data: Any) -> tuple[Comparison, ...]:
+    """A case's comparisons from its table, or from schema 2's list of one object each."""
+    if not isinstance(data, Mapping):
+        return tuple(Comparison.from_json(c) for c in data)
+    rows = data.get("rows", [])
+    comparisons = []
+    for where in data.get("at", []):
+        i, step, rank = [*where, 0, 0][:3] if isinstance(where, list) else (where, 0, 0)
+        comparisons.append(Comparison.from_row(rows[i], step, rank))
+    return tuple(comparisons)
 
 
 def verdict_of(comparisons: Iterable[Comparison], against: str) -> bool | None:
@@ -325,9 +414,9 @@ def decode(lines: Iterable[Mapping[str, Any]], *, source: str = "stream") -> Ite
     if schema == 1:
         yield from upgrade_v1([first, *it])
         return
-    if schema != SCHEMA:
+    if schema not in READS:
         raise SchemaError(
-            f"{source}: schema {schema}, written by another muongate; this one reads schemas 1 and {SCHEMA}"
+            f"{source}: schema {schema}, written by another muongate; this one reads schemas 1 to {SCHEMA}"
         )
     yield Header.from_json(first)
     for data in it:
@@ -380,4 +469,9 @@ def _v1_status(data: Mapping[str, Any]) -> Status:
 
 def dumps(record: Record) -> str:
     """One stream line (compact: a CI run holds tens of thousands of comparisons)."""
-    return json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False, default=str)
+    return _text(record.to_json())
+
+
+def _text(value: Any) -> str:
+    # Floats as Python's repr writes them: the shortest text that reads back to the same bits.
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)

@@ -4,6 +4,7 @@ in the terminal summary with a reproduce command that reproduces it."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from reports import SchemaError, read_stream, render, summarize, to_markdown
+from reports import ResultStream, SchemaError, read_stream, render, summarize, to_markdown
 from reports.html import anchor
 from reports.records import (
     CaseResult,
@@ -158,7 +159,81 @@ def test_a_stream_stores_each_case_once_and_a_bitwise_comparison_in_a_few_bytes(
         CaseResult(9, "one_step", "w0[4, 4] float32 · world 2 · 1 step", comparisons=(Comparison("w0", (2, 4)),))
     )
     assert line.count("w0[4, 4]") == 1
-    assert '{"tensor":"w0","shape":[2,4]}' in line
+    assert '"comparisons":{"rows":[["w0",[2,4]]],"at":[0]}' in line
+
+
+#: Every field of a comparison away from its default somewhere, and pairs a careless
+#: encoding would merge: -0.0 and 0.0, 1.0 and 1, an empty shard, NaN and infinity.
+FIGURES = (
+    Comparison("w0", (15, 23), dtype="bfloat16"),
+    Comparison("w0", (15, 23), step=2, rank=1, dtype="bfloat16"),
+    Comparison("w0.momentum_buffer", (0, 23), rank=1, note="empty shard"),
+    Comparison("w1", (3, 3), step=1, all_zero=True, note="both all zero: compares nothing", against="self"),
+    Comparison(
+        "w1.update", (18, 18), step=1, rank=1, tier="gram_partial_bf16", tier_kind="tolerance", bitwise=False,
+        max_abs_diff=0.015625, max_ulp=1982464000.0, mismatches=295, rel_fro=0.016685936602496582,
+        worst_index=(14, 10), expected_at_worst=-0.0021820068359375, actual_at_worst=0.0023651123046875,
+    ),
+    Comparison(
+        "w1.update", (18, 18), step=1, rank=1, tier="gram_partial_bf16", tier_kind="tolerance", bitwise=False,
+        max_abs_diff=0.015625, max_ulp=1982464000.0, mismatches=295, rel_fro=0.016685936602496582,
+        worst_index=(14, 10), expected_at_worst=-0.0021820068359375, actual_at_worst=-0.0,
+    ),
+    Comparison(
+        "w1.update", (18, 18), step=1, rank=1, tier="gram_partial_bf16", tier_kind="tolerance", bitwise=False,
+        max_abs_diff=0.015625, max_ulp=1982464000.0, mismatches=295, rel_fro=0.016685936602496582,
+        worst_index=(14, 10), expected_at_worst=-0.0021820068359375, actual_at_worst=0.0,
+    ),
+    Comparison(
+        "w2", (4, 4), step=3, dtype="float16", bitwise=False, passed=False, max_abs_diff=float("inf"),
+        max_ulp=float("inf"), mismatches=1, rel_fro=float("nan"), worst_index=(0, 3), expected_at_worst=1.0,
+        actual_at_worst=float("nan"), note="dtype float32, the reference's float16: compared after casting",
+    ),
+    Comparison("w2", (4, 4), max_ulp=1.0, mismatches=1, expected_at_worst=1.0, actual_at_worst=1, passed=False),
+    Comparison("w3", (7,), step=12, rank=7, against="self", tier="kernel_fp32", tier_kind="tolerance"),
+)  # fmt: skip
+
+
+def test_every_comparison_field_has_its_place_in_a_row() -> None:
+    fields = [f.name for f in dataclasses.fields(Comparison)]
+    assert sorted([*Comparison.ROW, "step", "rank"]) == sorted(fields), "a new field goes at the end of ROW"
+
+
+def test_a_stream_round_trips_every_comparison_figure_compactly(tmp_path: Path) -> None:
+    case = CaseResult(5, "tier:gram_partial", "w1[36, 18] bfloat16 · world 2 · tp 2", comparisons=FIGURES)
+    stream = ResultStream(tmp_path / "results.jsonl")
+    for record in (Header(), case):
+        stream.write(record)
+    stream.close()
+    back = list(read_stream(tmp_path / "results.jsonl"))[1]
+    assert isinstance(back, CaseResult) and len(back.comparisons) == len(FIGURES)
+    for wrote, read in zip(FIGURES, back.comparisons, strict=True):
+        for f in dataclasses.fields(Comparison):
+            a, b = getattr(wrote, f.name), getattr(read, f.name)
+            # repr: NaN is not equal to itself, and -0.0 is equal to 0.0
+            assert (type(a), repr(a)) == (type(b), repr(b)), f"{wrote.tensor} {f.name}: wrote {a!r}, read {b!r}"
+    assert dumps(back) == dumps(case)
+    # Compact: the comparisons that differ only in step and rank share a row; the rest are rows of their own.
+    table = json.loads(dumps(case))["comparisons"]
+    assert len(table["rows"]) == len(FIGURES) - 1 and table["at"][:2] == [0, [0, 2, 1]]
+
+
+def test_a_bitwise_comparison_takes_at_most_16_bytes_of_its_case_line() -> None:
+    """Schema 2 wrote each as an object of its own, about 50 bytes here; the main job's
+    stream went over its 3 MB bound with it."""
+    comparisons = tuple(
+        Comparison(tensor, (15 - rank, 23), step=step, rank=rank)
+        for rank in (0, 1)
+        for step in range(3)
+        for tensor in ("w0", "w0.momentum_buffer", "w1", "w1.momentum_buffer")
+    )
+    case = CaseResult(9, "several_steps", "w0[29, 23] float32, w1[29, 23] float32 · world 2 · 3 steps")
+    compared = dataclasses.replace(case, comparisons=comparisons)
+    each = (len(dumps(compared).encode()) - len(dumps(case).encode())) / len(comparisons)
+    assert each <= 16, f"{each:.1f} bytes a bitwise comparison"
+    one_more_step = (*comparisons, *(dataclasses.replace(c, step=3) for c in comparisons))
+    more = len(dumps(dataclasses.replace(case, comparisons=one_more_step)).encode()) - len(dumps(compared).encode())
+    assert more / len(comparisons) <= 8, "a comparison that repeats a row takes its index, step and rank"
 
 
 def test_a_schema_1_stream_is_read_and_a_newer_one_refused_by_name(tmp_path: Path) -> None:
@@ -181,6 +256,43 @@ def test_a_schema_1_stream_is_read_and_a_newer_one_refused_by_name(tmp_path: Pat
     (tmp_path / "v9.jsonl").write_text(json.dumps({"kind": "header", "schema": 9}) + "\n")
     with pytest.raises(SchemaError, match="schema 9, written by another muongate"):
         list(read_stream(tmp_path / "v9.jsonl"))
+
+
+#: A schema 2 stream as muongate wrote it before comparisons went into tables (lines of a CI run).
+V2 = [
+    {"kind": "header", "schema": 2, "muongate": "0.1.0", "git_commit": "e63c5fd", "torch": "2.13.0",
+     "backend": "gloo", "device": "cpu", "devices": ["cpu", "cpu"], "nproc": 2, "hypothesis_profile": "ci"},
+    {"kind": "case", "id": 1, "gate": "several_steps", "case": "w0[4, 9, 17] bfloat16 · world 2 · 2 steps",
+     "seconds": 0.1186, "comparisons": [
+         {"tensor": "w0", "shape": [2, 9, 17], "dtype": "bfloat16"},
+         {"tensor": "w0.momentum_buffer", "shape": [2, 9, 17], "step": 1},
+         {"tensor": "w0", "shape": [0, 9, 17], "rank": 1, "dtype": "bfloat16", "note": "empty shard"}],
+     "judged": "candidate", "layout": "3-D"},
+    {"kind": "case", "id": 2, "gate": "tier:gram_partial", "case": "w0[18, 18] float32 rowwise · world 2 · tp 2",
+     "seconds": 0.0266, "comparisons": [
+         {"tensor": "w0.update", "shape": [18, 18], "tier": "gram_partial_bf16", "tier_kind": "tolerance",
+          "bitwise": False, "max_abs_diff": 0.015625, "max_ulp": 1982464000.0, "mismatches": 295,
+          "rel_fro": 0.016685936602496582, "worst_index": [14, 10], "expected_at_worst": -0.0021820068359375,
+          "actual_at_worst": 0.0023651123046875}],
+     "judged": "gram_partial_muon", "layout": "tp"},
+]  # fmt: skip
+
+
+def test_a_schema_2_stream_reads_as_written_and_compares_with_its_schema_3_rewrite(tmp_path: Path) -> None:
+    from reports.__main__ import main
+
+    (tmp_path / "v2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in V2))
+    records = list(read_stream(tmp_path / "v2.jsonl"))
+    assert isinstance(records[0], Header) and records[0].schema == 2
+    cases = [r for r in records if isinstance(r, CaseResult)]
+    assert [c.fields_json() for c in cases[0].comparisons] == V2[1]["comparisons"]
+    worst = cases[1].comparisons[0]
+    assert (worst.worst_index, worst.actual_at_worst, worst.max_ulp) == ((14, 10), 0.0023651123046875, 1982464000.0)
+    (tmp_path / "v3.jsonl").write_text("".join(dumps(r) + "\n" for r in [Header(), *records[1:]]))
+    assert list(read_stream(tmp_path / "v3.jsonl"))[1:] == records[1:]
+    assert (tmp_path / "v3.jsonl").stat().st_size < (tmp_path / "v2.jsonl").stat().st_size
+    assert main(["compare", str(tmp_path / "v2.jsonl"), str(tmp_path / "v3.jsonl")]) == 0
+    assert main(["compare", str(tmp_path / "v3.jsonl"), str(tmp_path / "v2.jsonl")]) == 0
 
 
 def test_killed_run_keeps_every_finished_record(tmp_path: Path) -> None:
