@@ -63,7 +63,7 @@ def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
 
 
 def test_a_candidate_declaring_the_gram_partial_tier_is_judged_in_it_and_a_wrong_one_fails(tmp_path: Path) -> None:
-    shutil.copy(REPO / "examples" / "gram_partial_muon.py", tmp_path / "their_muon.py")
+    shutil.copy(REPO / "gates" / "examples" / "gram_partial_muon.py", tmp_path / "their_muon.py")
     k = ["-k", "declaring_the_gram_partial", "--hypothesis-profile", "dev"]
     right = _run(tmp_path, *k, "--impl", "their_muon:gram_partial_muon")
     assert right.returncode == 0 and "1 passed" in right.stdout, right.stdout[-3000:]
