@@ -4,7 +4,7 @@ ends the case instead of the run, and -x / --lf / -k behave as in any pytest sui
 
 The plugin is installed as an entry point, so it is loaded into every pytest session of an
 environment that has muongate: another project's session must not pay for it (no torch, no
-pool, hypothesis's own default profile, the same start-up time within 0.5 s, best of three
+pool, hypothesis's own default profile, the same start-up time within 0.5 s, best of five
 runs each way so that a busy machine does not decide), and a gate session keeps the profile
 its user chose."""
 
@@ -189,11 +189,11 @@ def test_an_unrelated_session_starts_within_half_a_second_of_one_without_the_plu
         return time.perf_counter() - start
 
     times: dict[str, list[float]] = {"harness.plugin": [], "no:harness.plugin": []}
-    for _ in range(3):  # interleaved, so that a burst of load elsewhere hits both
+    for _ in range(5):  # interleaved, so that a burst of load elsewhere hits both
         for plugin, runs in times.items():
             runs.append(wall(plugin))
     with_plugin, without = min(times["harness.plugin"]), min(times["no:harness.plugin"])
-    assert with_plugin - without <= 0.5, f"best of 3: {with_plugin:.2f} s with the plugin, {without:.2f} s without"
+    assert with_plugin - without <= 0.5, f"best of 5: {with_plugin:.2f} s with the plugin, {without:.2f} s without"
 
 
 PROFILE_TEST = """
