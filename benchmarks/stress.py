@@ -1,13 +1,14 @@
 """Repeats one gate selection many times, several runs at once if asked, and counts what became of each run.
 
-    python -m benchmarks.stress --runs 20 --jobs 4 [--repo DIR] [--limit 600] [--out FILE] -- PYTEST ARGS…
+    python -m benchmarks.stress --runs 20 --jobs 4 [--for S] [--repo DIR] [--limit 600] [--out FILE] -- PYTEST ARGS…
 
 Each run is ``python -m pytest PYTEST ARGS -p no:randomly -p no:cacheprovider --gate-report DIR``
 from the checkout ``--repo`` (default: this one; give an older checkout to measure before a
-change), with its own report directory. A spurious failure of a correct optimizer is a
+change), with its own report directory. ``--for S`` starts no run after S seconds (the runs
+under way finish), for a machine lent by the minute. A spurious failure of a correct optimizer is a
 defect of the harness, not a flake, so nothing is retried: every run counts.
 
-A run's outcome is ``passed`` (pytest exited 0), or the failure statuses its report holds
+A run's outcome is ``passed`` (pytest exited 0), or the failure statuses its report holds (each case's whole message is kept)
 (``abort (SIGSEGV)``, ``hang``, ``error``, ``failed`` …, one outcome per distinct status),
 or, when pytest itself was killed by a signal or ran past ``--limit``, that. The table lists
 each outcome with how many runs it hit, the median and worst wall-clock seconds, and the
@@ -64,15 +65,15 @@ def _outcomes(returncode: int, report: Path) -> tuple[tuple[str, ...], tuple[str
             if isinstance(record, CaseResult) and not record.passed:
                 killed = _KILLED.search(record.message)
                 statuses.add(f"{record.status} ({killed[1]})" if killed else record.status)
-                headlines.append(
-                    f"{record.gate}: {record.message.splitlines()[0][:200]}" if record.message else record.gate
-                )
+                headlines.append(f"{record.gate}: {record.message[:6000]}" if record.message else record.gate)
     if returncode == 0:
         return ("passed",), ()
     return tuple(sorted(statuses)) or (f"pytest exit {returncode}",), tuple(headlines[:5])
 
 
-def run_once(index: int, repo: Path, args: list[str], limit: float) -> Run:
+def run_once(index: int, repo: Path, args: list[str], limit: float, until: float) -> Run | None:
+    if time.monotonic() > until:
+        return None
     with tempfile.TemporaryDirectory(prefix="muongate-stress-") as scratch:
         report = Path(scratch) / "report"
         command = [sys.executable, "-m", "pytest", *args, "-p", "no:randomly", "-p", "no:cacheprovider"]
@@ -86,7 +87,10 @@ def run_once(index: int, repo: Path, args: list[str], limit: float) -> Run:
             return Run(index, time.monotonic() - start, -1, (f"past --limit {limit:g} s",), (), out[-4000:])
         seconds = time.monotonic() - start
         outcomes, headlines = _outcomes(done.returncode, report)
-        tail = "" if outcomes == ("passed",) else (done.stdout + done.stderr)[-4000:]
+        # A failure's own section (its verdict and message) and the end of the output.
+        text = done.stdout + done.stderr
+        failures = text[text.find("= FAILURES =") :][:6000] if "= FAILURES =" in text else ""
+        tail = "" if outcomes == ("passed",) else failures + "\n…\n" + text[-3000:]
         return Run(index, seconds, done.returncode, outcomes, headlines, tail)
 
 
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=10, help="how many runs in all (default: 10)")
     parser.add_argument("--jobs", type=int, default=1, help="how many runs at once (default: 1)")
     parser.add_argument("--repo", type=Path, default=HERE, help="the muongate checkout to run (default: this one)")
+    parser.add_argument("--for", dest="seconds", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--limit", type=float, default=900.0, help="seconds before a run is killed (default: 900)")
     parser.add_argument("--out", type=Path, default=None, help="write every run here as JSON Lines")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then the pytest arguments of one run")
@@ -109,9 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     runs: list[Run] = []
     start = time.monotonic()
     with ThreadPoolExecutor(options.jobs) as pool:
-        futures = [pool.submit(run_once, i, repo, args, options.limit) for i in range(options.runs)]
+        until = start + options.seconds if options.seconds is not None else float("inf")
+        futures = [pool.submit(run_once, i, repo, args, options.limit, until) for i in range(options.runs)]
         for future in futures:
             run = future.result()
+            if run is None:
+                continue
             runs.append(run)
             print(f"run {run.index}: {', '.join(run.outcomes)} in {run.seconds:.1f} s", flush=True)
             if options.out is not None:
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{outcome:<40} {n:>5} {statistics.median(times):>9.1f} {max(times):>7.1f}")
     for run in runs:
         if run.outcomes != ("passed",):
-            print(f"\nfirst failing run ({run.index}):", *run.headlines, sep="\n  ")
+            print(f"\nfirst failing run ({run.index}):", *(h.splitlines()[0][:300] for h in run.headlines), sep="\n  ")
             break
     failed = sum(1 for r in runs if r.outcomes != ("passed",))
     print(f"\n{len(runs) - failed} passed, {failed} failed")
