@@ -57,6 +57,7 @@ BAD_OPTIONS = [
     (["--case-timeout", "0"], {}, "ERROR: --case-timeout 0: a case needs a positive, finite number of seconds; try *"),
     (["--case-timeout", "-1"], {}, "ERROR: --case-timeout -1: a case needs a positive, finite number of seconds; *"),
     (["--case-timeout", "inf"], {}, "ERROR: --case-timeout inf: a case needs a positive, finite number of seconds; *"),
+    (["--rank-threads", "0"], {}, "ERROR: --rank-threads 0: a rank needs at least one thread; try --rank-threads 1"),
     (["--hypothesis-profile", "nope"], {}, "ERROR: --hypothesis-profile nope: no such hypothesis profile; try ci, *"),
     (
         [],

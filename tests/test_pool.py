@@ -152,3 +152,24 @@ def test_the_forkserver_forks_ranks_with_no_thread_but_those_of_importing_torch(
     baseline = int(subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, check=True).stdout)
     assert not [n for n in names if n.startswith(("gloo", "pt_"))], names
     assert len(names) <= baseline, f"the forkserver holds {names}; a fresh import of torch holds {baseline} threads"
+
+
+def test_a_ranks_threads_count_every_pool_on_the_host(tmp_path, monkeypatch):
+    """Each pool registers its ranks; a rank's share is the usable cores over every live rank
+    on the host, a pool whose process is gone does not count, and OMP_NUM_THREADS or an
+    explicit count fixes it."""
+    from harness.ranks.budget import ThreadBudget, usable_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    mine, other = ThreadBudget(2, registry=tmp_path), ThreadBudget(3, registry=tmp_path)
+    mine.register()
+    assert mine.host_ranks() == 2
+    other.register()
+    assert mine.host_ranks() == 5 and mine.threads() == max(1, usable_cores() // 5)
+    (tmp_path / "999999999-gone").write_text("64")  # a pool whose process died without unregistering
+    assert mine.host_ranks() == 5 and not (tmp_path / "999999999-gone").exists()
+    other.unregister()
+    assert mine.host_ranks() == 2
+    assert ThreadBudget(2, threads=3, registry=tmp_path).threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert ThreadBudget(8, registry=tmp_path).threads() == 2

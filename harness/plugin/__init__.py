@@ -152,7 +152,7 @@ def _says_it_runs_gates(config: pytest.Config) -> bool:
     testpaths) are muongate's gates, in them, or above them."""
     if config.getoption("gate_device") != "auto":
         return True
-    if any(config.getoption(name) is not None for name in ("nproc", "impl", "kernel", "model")):
+    if any(config.getoption(name) is not None for name in ("nproc", "impl", "kernel", "model", "rank_threads")):
         return True
     for arg in config.args:
         name = arg.split("::")[0]
@@ -316,7 +316,8 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     if torchrun:
         pool = LauncherGroup(backend=backend, device=devices[0], timeout_s=timeout)
     else:
-        pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout)
+        threads = config.getoption("rank_threads")
+        pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout, threads=threads)
     tty = terminal() if writes_report else None
     progress = CaseProgress.start(tty) if tty is not None else None
     impl, kernel = config.stash[_IMPL], config.stash[_KERNEL]

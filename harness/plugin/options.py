@@ -35,6 +35,14 @@ def add_options(parser: pytest.Parser) -> None:
         help="wall-clock seconds one distributed case may take before its ranks are dumped and killed (default: 120).",
     )
     group.addoption(
+        "--rank-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads per CPU rank (default: OMP_NUM_THREADS where set, else the usable cores over the live "
+        "ranks of every muongate pool on the host, xdist workers and concurrent runs included).",
+    )
+    group.addoption(
         "--impl",
         metavar="MODULE:FACTORY",
         default=None,
@@ -88,6 +96,9 @@ def check_options(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--case-timeout {timeout:g}: a case needs a positive, finite number of seconds; try --case-timeout 120"
         )
+    threads = config.getoption("rank_threads")
+    if threads is not None and threads < 1:
+        raise pytest.UsageError(f"--rank-threads {threads}: a rank needs at least one thread; try --rank-threads 1")
     report = Path(config.getoption("gate_report"))
     if report.exists() and not report.is_dir():
         raise pytest.UsageError(
