@@ -112,6 +112,10 @@ class _WorkerSpec:
 #: a second at most.
 _MAX_SAMPLE_GAP_S = 0.5
 
+#: How long, after a rank raised, the pool waits for peers that still progress to finish or
+#: raise their own error, before it stops the case with their stacks.
+_PEER_ERROR_S = 5.0
+
 
 class _Stall:
     """How long every pending rank has sat in a collective with the same stack, none progressing.
@@ -402,6 +406,7 @@ class RankPool:
         progress = None if self.devices[0].startswith("cuda") else Progress()
         gap = self.sample_after_s
         next_sample = time.monotonic() + gap
+        failed_at = 0.0
         while pending:
             by_handle: dict[Any, tuple[str, int]] = {}
             for r in pending:
@@ -413,9 +418,15 @@ class RankPool:
                 if time.monotonic() >= deadline:
                     return results, self._hang(pending, failure)
                 dumps = self._stacks(pending)
-                if failure is not None:  # a rank raised and its peers are stuck: say where, and stop
-                    return results, replace(failure, stacks={**failure.stacks, **dumps})
                 moved = progress.moved({r: self._watched[r] for r in pending}) if progress else None
+                if failure is not None:
+                    # A rank raised. Peers that still progress may be on their way to their own
+                    # error (under DETAIL each rank names its side of a mismatch): wait for them a
+                    # while. Peers stuck in a collective the raiser will never enter: say where, stop.
+                    if progress is not None and moved is not False and time.monotonic() < failed_at + _PEER_ERROR_S:
+                        next_sample = time.monotonic() + self.sample_after_s
+                        continue
+                    return results, replace(failure, stacks={**failure.stacks, **dumps})
                 stuck = stall.observe(dumps, returned=len(pending) < world, moved=moved)
                 if stuck is not None:
                     return results, self._stalled(pending, world, stuck, dumps)
@@ -436,7 +447,7 @@ class RankPool:
                     if status == "ok":
                         results[rank] = value
                     elif failure is None:
-                        failure = RankFailure("error", rank, value)
+                        failure, failed_at = RankFailure("error", rank, value), time.monotonic()
                     else:  # a peer's own error often says what the first one could not
                         failure = replace(failure, stacks={**failure.stacks, rank: value})
                     # Peers may now wait in a collective this rank will never enter: look soon.
