@@ -8,7 +8,8 @@ all-reduces of different sizes, which gloo aborts on), from a scratch directory 
 a copy of the candidate, against the muongate checkout ``--repo`` (default: this one; give
 an older checkout to measure before a change). Prints each run's wall-clock seconds, the
 pytest summary line, and how many failing cases the report calls a hang, a collective
-mismatch, an abort, an error or a plain failure. A run past ``--limit`` seconds is killed
+mismatch, an abort, an error or a plain failure, and how long such a case took to be named
+(median and most). A run past ``--limit`` seconds is killed
 and reported as such.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,13 +52,17 @@ def run(candidate: str, repo: Path, select: str, limit: float) -> None:
             seconds = time.monotonic() - start
             output = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "") + "\nkilled at --limit"
         summary = re.findall(r"^=*\s*(\d+ (?:failed|passed).*?)\s*=*$", output, re.MULTILINE)
-        statuses: Counter[str] = Counter()
         stream = report / "results.jsonl"
-        if stream.exists():
-            statuses.update(r.status for r in read_stream(stream) if isinstance(r, CaseResult) and not r.passed)
+        failing = (
+            [r for r in read_stream(stream) if isinstance(r, CaseResult) and not r.passed] if stream.exists() else []
+        )
+        statuses = Counter(r.status for r in failing)
         called = ", ".join(f"{n} {status}" for status, n in statuses.most_common()) or "none"
         print(f"{candidate:15} {seconds:8.1f} s  {summary[-1] if summary else output.strip().splitlines()[-1]}")
         print(f"{'':15} failing cases: {called}")
+        for status in statuses:
+            took = sorted(r.seconds for r in failing if r.status == status)
+            print(f"{'':15} a {status} case took {statistics.median(took):.2f} s (median), {took[-1]:.2f} s at most")
 
 
 def main() -> None:
