@@ -1,10 +1,11 @@
 """Watching a running rank without interrupting it: its main thread's stack, and whether it progresses.
 
-**Stacks.** Each rank runs a small thread that, when the parent asks, reads the main thread's
-frame with ``sys._current_frames()`` and answers with it in ``faulthandler``'s format, which
-``harness.ranks.stacks`` parses. Nothing is delivered to the rank as a signal: an earlier
-version dumped every thread from a ``SIGUSR1`` handler (``faulthandler.register``), which
-runs in whatever C++ the rank is in. A collective's wait (gloo's and NCCL's) releases the
+**Stacks.** Each rank runs a small thread that, when the parent asks, reads the main
+thread's stack in one call into C while it holds the GIL (``main_stack`` says why that, and
+not the obvious ways, is safe) and answers in ``faulthandler``'s format, which
+``harness.ranks.stacks`` parses. Nothing is
+delivered to the rank as a signal: an earlier version dumped every thread from a
+``SIGUSR1`` handler (``faulthandler.register``), in the middle of whatever the rank was doing. A collective's wait (gloo's and NCCL's) releases the
 GIL, so a rank waiting in one always answers; a rank whose main thread holds the GIL in C++
 does not answer in time, and a rank that does not answer is not known to wait in a
 collective, so it is never called hung for it (its case's deadline still bounds it).
@@ -23,22 +24,49 @@ missing (not Linux) nothing is known, and the stacks alone decide, as before.
 from __future__ import annotations
 
 import contextlib
+import gc
+import itertools
+import operator
 import os
 import sys
 import threading
 import time
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from types import FrameType
 from typing import Any, cast
 
+#: one frame's file, line and function, read in C
+_FIELDS = operator.attrgetter("f_code.co_filename", "f_lineno", "f_code.co_name")
 
-def format_stack(frame: FrameType | None, ident: int) -> str:
-    """A thread's stack as ``faulthandler`` writes it (innermost first)."""
-    lines = [f"Current thread 0x{ident:016x} (most recent call first):"]
-    while frame is not None:
-        lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
-        frame = frame.f_back
+
+def main_stack(main: int) -> str:
+    """The stack of thread ``main`` (a thread that is not this one), in ``faulthandler``'s format.
+
+    The frames are read while this thread holds the GIL, and the walk along ``f_back`` is one
+    call into C (``list`` over ``accumulate`` of ``getattr``), during which no bytecode of ours
+    runs, so the GIL cannot pass to ``main``, which would pop the frames the walk is about to
+    read. The garbage collector is off for that call: a collection could run a Python
+    finalizer, and with it the eval loop, which may hand the GIL over. What was measured
+    with the pool sampling every 2 ms (CPython 3.11, the training and MoE gates): a walk in
+    Python (``f = f.f_back`` in a loop) died in ``PyFrame_GetBack`` in 1 of 6 runs, and
+    ``faulthandler.dump_traceback(all_threads=True)`` in 1 of 5, in ``dump_traceback`` of a
+    thread state that a C++ thread was creating (``pybind11::gil_scoped_acquire``) while the
+    dump walked the interpreter's threads without the lock that ``sys._current_frames``
+    takes. A ``SIGUSR1`` handler that dumps from wherever the rank is interrupted, as the
+    pool once did, has both hazards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        top = sys._current_frames().get(main)
+        frames = list(
+            itertools.takewhile(operator.truth, itertools.accumulate(itertools.repeat("f_back"), getattr, initial=top))
+        )
+    finally:
+        if enabled:
+            gc.enable()
+    rows = list(map(_FIELDS, frames))
+    lines = [f"Current thread 0x{main:016x} (most recent call first):"]
+    lines += [f'  File "{file}", line {line} in {func}' for file, line, func in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -57,9 +85,7 @@ def serve_stacks(conn: Connection) -> int:
                 asked = conn.recv()
             except (EOFError, OSError):
                 return
-            frame = sys._current_frames().get(main)
-            text = format_stack(frame, main)
-            del frame
+            text = main_stack(main)
             with contextlib.suppress(OSError, BrokenPipeError):
                 conn.send((asked, text))
 
