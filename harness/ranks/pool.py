@@ -51,7 +51,6 @@ import contextlib
 import faulthandler
 import multiprocessing as mp
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -154,10 +153,9 @@ def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> Non
     # C++ messages (gloo's abort reasons, NCCL warnings) go to fd 2: keep them for the parent.
     os.dup2(log.fileno(), 2)
     sys.stderr = log
-    # A rank that crashes in C++ writes its stacks as it dies. SIGUSR1 is sent only once a
-    # case is past its deadline, and only to a rank whose stack reader did not answer.
+    # A rank that crashes writes its stacks as it dies; a running rank is never interrupted
+    # for them (harness.ranks.watch).
     faulthandler.enable(file=log, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
     os.environ.update(spec.env)
     reader = serve_stacks(stacks)
 
@@ -472,7 +470,7 @@ class RankPool:
         return RankFailure("hang", min(pending), why, stacks=dumps, collectives=where)
 
     def _hang(self, pending: set[int], earlier: RankFailure | None) -> RankFailure:
-        stacks = self._stacks(pending, last=True)
+        stacks = self._stacks(pending)
         if earlier is not None:
             return replace(earlier, stacks={**earlier.stacks, **stacks})
         rank = min(pending)
@@ -482,29 +480,14 @@ class RankPool:
         )
         return RankFailure("hang", rank, why, stacks=stacks, collectives=where)
 
-    def _stacks(self, ranks: set[int], *, last: bool = False) -> dict[int, str]:
+    def _stacks(self, ranks: set[int]) -> dict[int, str]:
         """Each live rank's main-thread stack, read by its stack reader without interrupting it.
 
-        ``last``: the case is over (past its deadline, about to be killed), so a rank whose
-        reader does not answer (its main thread holds the GIL) is asked by ``SIGUSR1`` for a
-        ``faulthandler`` dump of every thread, for the report."""
+        A rank whose reader does not answer in time (its main thread holds the GIL, in C++ or
+        in a loop) is not known to wait in a collective, and is said to be busy."""
         answered = self._reader.read({r: self._stack_conns[r] for r in ranks}, timeout_s=0.2)
-        if not last:
-            return {r: answered.get(r, "") for r in sorted(ranks)}
-        silent = {r for r in ranks if r not in answered and self._procs[r].is_alive()}
-        before = {r: self._log_size(r) for r in silent}
-        for r in silent:
-            with contextlib.suppress(ProcessLookupError, TypeError):
-                os.kill(self._procs[r].pid, signal.SIGUSR1)
-        dumps: dict[int, str] = {}
-        give_up = time.monotonic() + 0.5
-        while silent - set(dumps) and time.monotonic() < give_up:
-            time.sleep(0.01)
-            for r in silent - set(dumps):
-                text = self._log_tail(r, before[r])
-                if main_thread_frames(text):
-                    dumps[r] = text
-        return {r: answered.get(r) or dumps.get(r) or self._log_tail(r, before.get(r, 0)) for r in sorted(ranks)}
+        busy = "its stack reader did not answer in 0.2 s: its main thread holds the GIL\n"
+        return {r: answered.get(r, busy) for r in sorted(ranks)}
 
     # -- logs ---------------------------------------------------------------------------
     def _log_size(self, rank: int) -> int:

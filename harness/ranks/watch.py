@@ -3,22 +3,24 @@
 **Stacks.** Each rank runs a small thread that, when the parent asks, reads the main
 thread's stack in one call into C while it holds the GIL (``main_stack`` says why that, and
 not the obvious ways, is safe) and answers in ``faulthandler``'s format, which
-``harness.ranks.stacks`` parses. Nothing is
-delivered to the rank as a signal: an earlier version dumped every thread from a
-``SIGUSR1`` handler (``faulthandler.register``), in the middle of whatever the rank was doing. A collective's wait (gloo's and NCCL's) releases the
-GIL, so a rank waiting in one always answers; a rank whose main thread holds the GIL in C++
-does not answer in time, and a rank that does not answer is not known to wait in a
-collective, so it is never called hung for it (its case's deadline still bounds it).
+``harness.ranks.stacks`` parses. Nothing is delivered to a running rank as a signal: the
+pool once dumped every thread from a ``SIGUSR1`` handler, in the middle of whatever the rank
+was doing, and that killed ranks now and then. A collective's wait (gloo's and NCCL's)
+releases the GIL, so a rank waiting in one always answers; a rank whose main thread holds
+the GIL does not answer in time, is not known to wait in a collective, and so is never
+called hung for it (its case's deadline still bounds it).
 
 **Progress.** Ranks that all sit in collectives with the same stacks may still progress: on a
 2-D mesh two ranks can loop over all-reduces on their own sub-group while the others wait on
 another group, and a stack read between two of those all-reduces looks the same each time.
-A collective that moves data or reduces it uses CPU on some rank, and a rank that waits for a
-peer sleeps. So the parent reads, from ``/proc``, each pending rank's CPU time (every thread
-but the stack reader) and whether any of its threads is running or runnable: a rank that
-used CPU since the last look, or that is runnable but descheduled on a busy machine, is
-progressing, and ranks are only ever called stuck while none of them is. Where ``/proc`` is
-missing (not Linux) nothing is known, and the stacks alone decide, as before.
+A collective in progress moves bytes, and reducing them takes CPU; a rank that waits for a
+peer sleeps. So the parent reads, from ``/proc``, each pending rank's bytes read and
+written, its CPU time, and whether a thread of it is runnable (all but the stack reader's;
+gloo's idle transport thread wakes every few milliseconds, so its being runnable says
+nothing): a rank that moved bytes, used more than a quarter of a core, or is runnable but
+descheduled on a busy machine, progresses, and ranks are only ever called stuck while none
+of them does. Where ``/proc`` is missing (not Linux) nothing is known, and the stacks alone
+decide.
 """
 
 from __future__ import annotations
