@@ -18,20 +18,20 @@ crashes on many cases costs one respawn per case, and shrinking such a case take
 of them. The server holds no thread of torch's, gloo's or OpenMP's when it forks: its
 warm-up step runs on torch's ``fake`` backend, one thread (``harness.ranks.warmup``; a
 child inherits other threads' locks and state but not the threads, and an earlier server
-that warmed up on a gloo group forked beside gloo's three threads). CUDA workers are spawned: a process forked from one that has touched the CUDA
-driver cannot use CUDA.
+that warmed up on a gloo group forked beside gloo's three threads). CUDA workers are
+spawned: a process forked from one that has touched the CUDA driver cannot use CUDA.
 
 Nothing hangs forever, and a hang is called in seconds, never for a rank that progresses.
 While a case runs past ``sample_after_s``, the parent reads the pending ranks' Python stacks
-from a thread in each rank that never interrupts it, and their CPU use from ``/proc``
-(``harness.ranks.watch``). A rank whose innermost frames inside torch include a blocking
+from a thread in each rank that never interrupts it, and their progress (bytes moved, CPU
+time, runnable threads) from ``/proc`` (``harness.ranks.watch``). A rank whose innermost frames inside torch include a blocking
 ``torch.distributed`` call is in a collective (``harness.ranks.stacks``). When every
-pending rank sits in a collective, with the same stack, and none of them used CPU or was
-runnable since the last look, the case is stuck: at once (two looks in a row) when the
+pending rank sits in a collective, with the same stack, and none of them progressed since
+the last look, the case is stuck: at once (two looks in a row) when the
 ranks wait at different call sites, after ``stall_s`` at one call site, or after
 ``grace_s`` once some rank of the case has returned (its peers then wait for a rank that
 will never come); the verdict names each rank's collective. Ranks that loop over
-collectives of their own sub-group use CPU, so the ranks waiting for them on another group
+collectives of their own sub-group move bytes, so the ranks waiting for them on another group
 are not called hung; a rank that is merely slow (compiling, computing, descheduled on a
 busy machine) is not in a collective or is runnable, and is never called a hang either. The
 case's wall-clock deadline still bounds every case, and the process groups' own timeout is
@@ -123,7 +123,7 @@ class _Stall:
     row that show the same stacks and no progress are enough. Ranks at the same call site
     may be in one slow collective: they must sit there ``stall_s``, or ``grace_s`` once a
     rank has returned. ``moved`` (``harness.ranks.watch.Progress``) is whether any pending
-    rank used CPU or was runnable since the last look; ``None`` where that cannot be known."""
+    rank progressed since the last look; ``None`` where that cannot be known."""
 
     def __init__(self, stall_s: float, grace_s: float, confirm_s: float = 0.0) -> None:
         self.stall_s, self.grace_s, self.confirm_s = stall_s, grace_s, confirm_s
