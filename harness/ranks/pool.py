@@ -111,8 +111,8 @@ class _WorkerSpec:
 #: a second at most.
 _MAX_SAMPLE_GAP_S = 0.5
 
-#: How long, after a rank raised, the pool waits for peers that still progress to finish or
-#: raise their own error, before it stops the case with their stacks.
+#: How long, after a rank raised under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the pool waits for
+#: peers that still progress to raise their own error, before it stops the case with their stacks.
 _PEER_ERROR_S = 5.0
 
 
@@ -418,10 +418,12 @@ class RankPool:
                 dumps = self._stacks(pending)
                 moved = progress.moved({r: self._watched[r] for r in pending}) if progress else None
                 if failure is not None:
-                    # A rank raised. Peers that still progress may be on their way to their own
-                    # error (under DETAIL each rank names its side of a mismatch): wait for them a
-                    # while. Peers stuck in a collective the raiser will never enter: say where, stop.
-                    if progress is not None and moved is not False and time.monotonic() < failed_at + _PEER_ERROR_S:
+                    # A rank raised. Under DETAIL each rank names its own side of a mismatch, and
+                    # a peer that still progresses may be on its way to its error: wait for it a
+                    # while. Otherwise, or once peers are stuck in a collective the raiser will
+                    # never enter: say where each waits, and stop.
+                    waiting = detail and progress is not None and moved is not False
+                    if waiting and time.monotonic() < failed_at + _PEER_ERROR_S:
                         next_sample = time.monotonic() + self.sample_after_s
                         continue
                     return results, replace(failure, stacks={**failure.stacks, **dumps})
