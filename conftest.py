@@ -5,8 +5,9 @@ the plugin loads a profile only in sessions that collect gates. ``--hypothesis-p
 
 from hypothesis import settings
 
-from harness.plugin import DEFAULT_PROFILE
+from harness.plugin import DEFAULT_PROFILE, register_gate_ci_profile
 
 pytest_plugins = ["harness.plugin"]
 
+register_gate_ci_profile()
 settings.load_profile(DEFAULT_PROFILE)

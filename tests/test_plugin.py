@@ -154,11 +154,18 @@ import multiprocessing
 import sys
 
 from hypothesis import given, settings, strategies as st
+from hypothesis._settings import is_in_ci
+
+
+# hypothesis's own choice: its "ci" profile on a CI machine (the CI variable and the like), else
+# "default"; both draw 100 examples, muongate's ci 200.
+CHOSEN = "ci" if is_in_ci() else "default"
 
 
 @given(st.integers())
 def test_an_ordinary_property(x):
-    assert settings.get_current_profile_name() == "default", settings.get_current_profile_name()
+    assert settings.get_current_profile_name() == CHOSEN, settings.get_current_profile_name()
+    assert settings().max_examples == 100, settings()
     assert "torch" not in sys.modules
     assert multiprocessing.active_children() == []
 """

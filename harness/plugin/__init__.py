@@ -39,10 +39,20 @@ from harness.plugin.options import PROFILE_VARIABLE, add_options, check_options
 _BASE = settings(
     deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True
 )
-settings.register_profile("ci", _BASE, max_examples=200, derandomize=True)
 settings.register_profile("dev", _BASE, max_examples=20)
 settings.register_profile("thorough", _BASE, max_examples=2000)
 DEFAULT_PROFILE = "ci"
+
+
+def register_gate_ci_profile() -> None:
+    """Registers muongate's ``ci`` profile (200 examples, derandomized, no deadline).
+
+    Only where gates run, never at import: hypothesis has a ``ci`` profile of its own, which
+    it loads by itself where the ``CI`` variable is set, and registering a profile under the
+    name that is loaded loads it, so that every other project's tests on a CI machine with
+    muongate installed would run on muongate's settings."""
+    settings.register_profile(DEFAULT_PROFILE, _BASE, max_examples=200, derandomize=True)
+
 
 # muongate's own gates: the package beside ``harness``, in a checkout and in site-packages alike.
 GATES = Path(__file__).resolve().parents[2] / "gates"
@@ -206,11 +216,12 @@ def _choose_profile(config: pytest.Config) -> None:
     config.stash[_GATES_SEEN] = True
     os.environ["MUONGATE_NPROC"] = str(config.stash[_NPROC])
     current = settings.get_current_profile_name()
+    register_gate_ci_profile()  # where hypothesis had loaded its own ci (a CI machine), ours replaces it
     if config.getoption("hypothesis_profile", None):
         pass
     elif os.environ.get(PROFILE_VARIABLE):
         _load_profile(os.environ[PROFILE_VARIABLE])
-    elif current == "default" or current.startswith("default-with-"):
+    elif current in ("default", DEFAULT_PROFILE) or current.startswith("default-with-"):
         _load_profile(DEFAULT_PROFILE)
     _fix_seed(config)
     if _launched_by_torchrun():
