@@ -169,11 +169,12 @@ class Progress:
         now = time.monotonic()
         states = {r: activity(pid, tid) for r, (pid, tid) in pids.items()}
         before, window, self._at = self._last, now - self._at, now
-        self._last = {r: (s[0], s[1]) for r, s in states.items() if s is not None}
-        if any(s is None for s in states.values()) or set(before) != set(self._last):
+        known = {r: state for r, state in states.items() if state is not None}
+        self._last = {r: (used, moved) for r, (used, moved, _) in known.items()}
+        if len(known) < len(states) or set(before) != set(known):
             return None
         budget = self.busy * window * 1e9
         return any(
             running or moved > before[r][1] or used - before[r][0] > budget
-            for r, (used, moved, running) in ((r, s) for r, s in states.items() if s is not None)
+            for r, (used, moved, running) in known.items()
         )
