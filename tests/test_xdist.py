@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from reports.records import CaseResult
 from reports.stream import read_streams
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_two_xdist_workers_run_two_pools_and_one_report(tmp_path: Path) -> None:
     report = tmp_path / "report"
     result = subprocess.run(
@@ -28,3 +31,20 @@ def test_two_xdist_workers_run_two_pools_and_one_report(tmp_path: Path) -> None:
     cases = [r for r in records if isinstance(r, CaseResult)]
     assert len(cases) >= 200 and all(c.passed for c in cases)
     assert (report / "equivalence.html").exists() and (report / "equivalence.md").exists()
+
+
+@pytest.mark.slow
+def test_a_gate_session_started_from_inside_an_xdist_worker_writes_its_own_report(tmp_path: Path) -> None:
+    """A test of another project's xdist run that starts a gate session hands it the worker's
+    ``PYTEST_XDIST_WORKER``: that session is no worker, and must stream and report on its own."""
+    report = tmp_path / "report"
+    inherited = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "uneven-7x5", "--nproc", "2",
+         "-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report)],
+        cwd=tmp_path, env={**os.environ, **inherited, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "muongate report:" in result.stdout, result.stdout[-4000:]
+    assert (report / "results.jsonl").exists() and not list(report.glob("results-gw*.jsonl"))

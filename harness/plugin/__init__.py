@@ -114,11 +114,19 @@ def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
     return "gloo", ["cpu"] * nproc
 
 
+def _xdist_worker(config: pytest.Config) -> str | None:
+    """This xdist worker's id (``gw0`` …), from the worker's own config; None in a controller or
+    without xdist. Never from ``PYTEST_XDIST_WORKER``: a pytest session that an xdist worker's test
+    starts inherits that variable, and is no worker."""
+    workerinput = getattr(config, "workerinput", None)
+    return str(workerinput["workerid"]) if workerinput else None
+
+
 def _xdist_workers(config: pytest.Config) -> tuple[int, int]:
     """(number of xdist workers, this worker's index); (1, 0) without xdist."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    worker = _xdist_worker(config)
     if worker:
-        return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), int(worker.removeprefix("gw"))
+        return int(config.workerinput["workercount"]), int(worker.removeprefix("gw"))  # type: ignore[attr-defined]
     count = getattr(config.option, "numprocesses", None)
     return (count if isinstance(count, int) and count > 0 else 1), 0
 
@@ -267,7 +275,7 @@ def _resolve(config: pytest.Config) -> None:
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
-    return _xdist_workers(config)[0] > 1 and not os.environ.get("PYTEST_XDIST_WORKER")
+    return _xdist_workers(config)[0] > 1 and not _xdist_worker(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -291,11 +299,12 @@ def _header_line(config: pytest.Config) -> str:
     import hypothesis
     import torch
 
-    from harness.runinfo import muongate_commit
+    from harness.runinfo import muongate_commit, muongate_version
+    from reports.summary import identity
 
     backend, devices = config.stash[_DEVICES]
     return (
-        f"muongate {muongate_commit()}: torch {torch.__version__}, backend {backend} on {devices[0].split(':')[0]}, "
+        f"muongate {identity(muongate_version(), muongate_commit())}: torch {torch.__version__}, backend {backend} on {devices[0].split(':')[0]}, "
         f"nproc {config.stash[_NPROC]}, hypothesis {hypothesis.__version__} profile "
         f"{settings.get_current_profile_name()}"
     )
@@ -317,7 +326,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     nproc = config.stash[_NPROC]
     backend, devices = config.stash[_DEVICES]
     directory = config.getoption("gate_report")
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    worker = _xdist_worker(config)
     name = f"results-{worker}.jsonl" if worker else "results.jsonl"
     torchrun = _launched_by_torchrun()
     writes_report = not torchrun or int(os.environ["RANK"]) == 0
