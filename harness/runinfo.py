@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +13,10 @@ _CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def muongate_version() -> str:
-    try:
-        return metadata.version("muongate")
-    except metadata.PackageNotFoundError:
-        return "not installed"
+    """The version of the muongate code that runs (``harness.__version__``), installed or not."""
+    from harness import __version__
+
+    return __version__
 
 
 def muongate_commit() -> str:

@@ -21,6 +21,7 @@ from reports.summary import (
     GateSummary,
     RunSummary,
     gate_row,
+    identity,
     layout_counts,
     scenario_row,
     training_row,
@@ -184,7 +185,7 @@ def page(summary: RunSummary) -> str:
     """The whole report page."""
     h = summary.header
     facts = [
-        ("muongate", f"{h.muongate} (commit {h.git_commit})"),
+        ("muongate", identity(h.muongate or "?", h.git_commit)),
         ("candidate", h.impl + (f", kernel {h.kernel}" if h.kernel else "")),
         ("torch", h.torch),
         ("backend", f"{h.backend} on {', '.join(h.devices) or h.device}"),

@@ -242,9 +242,14 @@ def training_row(r: Training) -> tuple[str, str, str, str, str]:
     return r.gate, r.case, str(len(r.train_bits)), span(list(r.train_bits)), span(held)
 
 
+def identity(version: str, commit: str) -> str:
+    """``0.2.0 (commit abc1234)``, or the version alone where no git checkout says more."""
+    return version + (f" (commit {commit})" if commit and commit != "unknown" else "")
+
+
 def title(h: Header) -> str:
     return (
-        f"muongate {h.git_commit}: torch {h.torch or '?'}, {h.backend or '?'} on {h.device or '?'}, nproc "
+        f"muongate {identity(h.muongate or '?', h.git_commit)}: torch {h.torch or '?'}, {h.backend or '?'} on {h.device or '?'}, nproc "
         f"{h.nproc or '?'}, hypothesis profile {h.hypothesis_profile or '?'}, candidate {h.impl or '?'}"
         + (f", kernel {h.kernel}" if h.kernel else "")
         + (", judged against itself on one device" if h.against == "self" else "")

@@ -55,6 +55,7 @@ RECORDS: list[Record] = [
         devices=("cpu", "cpu"),
         nproc=2,
         hypothesis_profile="ci",
+        muongate="0.2.0",
         git_commit="abc1234",
         impl="distributed_impl:ShardedMuon",
     ),
@@ -295,6 +296,7 @@ def test_a_schema_2_stream_reads_as_written_and_compares_with_its_schema_3_rewri
     assert main(["compare", str(tmp_path / "v3.jsonl"), str(tmp_path / "v2.jsonl")]) == 0
 
 
+@pytest.mark.slow
 def test_killed_run_keeps_every_finished_record(tmp_path: Path) -> None:
     report = tmp_path / "report"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -330,6 +332,7 @@ def test_planted_bug_is_caught(gate_runner):
 """
 
 
+@pytest.mark.slow
 def test_planted_failure_is_summarized_with_a_command_that_reproduces_it(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, rerun_reproduce: Any
 ) -> None:
