@@ -46,6 +46,7 @@ def test_trace_summary_refuses_a_trace_without_device_kernels() -> None:
         summarize({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}]})
 
 
+@pytest.mark.slow
 def test_optimizer_step_benchmark_runs_on_two_gloo_ranks_and_is_bitwise() -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     command += ["-m", "benchmarks.optimizer_step", "--layers", "1", "--scale", "128", "--warmup", "0", "--iters", "1"]

@@ -87,6 +87,7 @@ def test_error(gate_runner):
 """
 
 
+@pytest.mark.slow
 def test_each_crash_is_named_for_what_it_is_and_a_slow_rank_is_not_a_hang(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

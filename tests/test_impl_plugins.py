@@ -43,6 +43,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_torch_optim_muon_adapter_passes_from_outside_the_repository(tmp_path: Path) -> None:
     shutil.copy(REPO / "examples" / "torch_muon.py", tmp_path / "their_muon.py")
     result = _run(tmp_path, "-k", "one_sharded or several_steps", "--impl", "their_muon:torch_muon")
@@ -50,6 +51,7 @@ def test_torch_optim_muon_adapter_passes_from_outside_the_repository(tmp_path: P
     assert "2 passed" in result.stdout
 
 
+@pytest.mark.slow
 def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
     shutil.copy(REPO / "examples" / "broken_muon.py", tmp_path / "their_muon.py")
     result = _run(tmp_path, "-k", "several_steps", "--impl", "their_muon:broken_muon")
@@ -62,6 +64,7 @@ def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
     assert steps <= 2 and rows <= 48 and cols <= 48
 
 
+@pytest.mark.slow
 def test_a_candidate_declaring_the_gram_partial_tier_is_judged_in_it_and_a_wrong_one_fails(tmp_path: Path) -> None:
     shutil.copy(REPO / "gates" / "examples" / "gram_partial_muon.py", tmp_path / "their_muon.py")
     k = ["-k", "declaring_the_gram_partial", "--hypothesis-profile", "dev"]
@@ -74,6 +77,7 @@ def test_a_candidate_declaring_the_gram_partial_tier_is_judged_in_it_and_a_wrong
     assert "candidate their_muon:gram_partial_local_gram_muon" in wrong.stdout
 
 
+@pytest.mark.slow
 def test_a_declared_difference_is_judged_in_its_calibrated_tier_and_a_bug_inside_it_fails(tmp_path: Path) -> None:
     k = ["-k", "declared_difference"]  # the ci profile: derandomized, 200 cases
     right = _run(tmp_path, *k, "--impl", "examples.gathered_muon:gathered_muon")
@@ -114,6 +118,7 @@ def test_normalizing_in_float32_first_is_a_cause_only_where_newton_schulz_runs_i
     assert bf16.max_rel_fro is not None and bf16.max_rel_fro > MARGIN * FLOOR
 
 
+@pytest.mark.slow
 def test_a_candidate_sharding_the_model_its_own_way_is_read_through_its_pieces_and_passes(tmp_path: Path) -> None:
     result = _run(
         tmp_path, "-k", "one_sharded or several_steps or rank-asymmetric", "--hypothesis-profile", "dev",
@@ -125,6 +130,7 @@ def test_a_candidate_sharding_the_model_its_own_way_is_read_through_its_pieces_a
     assert re.search(r"\| several_steps \| own \d+ \|", report), report[-3000:]
 
 
+@pytest.mark.slow
 def test_a_piece_reader_naming_the_wrong_columns_is_caught(tmp_path: Path) -> None:
     result = _run(
         tmp_path, "-k", "one_sharded", "--impl", "examples.column_sharded_muon:column_sharded_muon_wrong_piece"
@@ -133,6 +139,7 @@ def test_a_piece_reader_naming_the_wrong_columns_is_caught(tmp_path: Path) -> No
     assert re.search(r"minimal case: w0\[\d+, \d+\] float32 · world 2", result.stdout), result.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_convention_the_reference_cannot_express_is_reported_not_compared(tmp_path: Path) -> None:
     (tmp_path / "their_muon.py").write_text(UNEXPRESSIBLE)
     result = _run(tmp_path, "-k", "one_sharded", "--impl", "their_muon:cautious", "-rs")

@@ -69,6 +69,7 @@ def _report(pytester: pytest.Pytester) -> str:
     return (pytester.path / "report" / "equivalence.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_candidate_that_raises_on_every_step_passes_no_gate(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -84,6 +85,7 @@ def test_a_candidate_that_raises_on_every_step_passes_no_gate(
     assert "muongate:" not in report.split("## Skipped")[0]
 
 
+@pytest.mark.slow
 def test_narrowed_gates_and_hand_picked_cases_are_skipped_naming_the_narrowing(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,6 +123,7 @@ def test_a_convention_value_the_reference_cannot_take_is_refused_by_name(
         impl.adapt(Case(params=(ParamSpec("w", (4, 4)),)))
 
 
+@pytest.mark.slow
 def test_self_reference_finds_a_sharding_bug_that_the_reference_verdict_hides(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,6 +149,7 @@ def test_self_reference_finds_a_sharding_bug_that_the_reference_verdict_hides(
     assert "self 200/200" in row and "ref 200/200" in row, row
 
 
+@pytest.mark.slow
 def test_one_gate_reports_an_arithmetic_difference_and_a_crash_as_two_shrunk_findings(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +168,7 @@ def test_one_gate_reports_an_arithmetic_difference_and_a_crash_as_two_shrunk_fin
     )
 
 
+@pytest.mark.slow
 def test_reproduce_command_of_an_impl_run_fails_the_same_way_from_a_scratch_directory(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, rerun_reproduce: Any
 ) -> None:

@@ -30,6 +30,7 @@ def test_kernel_that_is_not_callable_is_a_usage_error_naming_it(project: pytest.
     result.stderr.fnmatch_lines(["*--kernel reference:MUON_DEFAULTS*not callable*"])
 
 
+@pytest.mark.slow
 def test_broken_kernel_fails_its_gates_with_a_small_matrix(project: pytest.Pytester) -> None:
     result = _run(
         project,
@@ -42,6 +43,7 @@ def test_broken_kernel_fails_its_gates_with_a_small_matrix(project: pytest.Pytes
     result.stdout.fnmatch_lines(["*relative Frobenius error*kernel_fp32*"])
 
 
+@pytest.mark.slow
 def test_baseline_regression_fails_the_session_and_says_what_moved(project: pytest.Pytester) -> None:
     first = _run(project, "-k", SPECTRUM)
     first.assert_outcomes(passed=2)

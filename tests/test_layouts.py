@@ -95,6 +95,7 @@ def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing
     assert tp.adapt(_case(4, (2, 2), 2)).tp == 1
 
 
+@pytest.mark.slow
 def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_four_ranks(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,6 +111,7 @@ def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_fo
     result.stdout.fnmatch_lines_random(["*layouts:StridedOrderMuon*yes*w0[[]* · world 4 · mesh [[]2, 2] · tp 2*"])
 
 
+@pytest.mark.slow
 def test_the_fsdp2_over_tp_empty_piece_finding_still_reproduces_with_torch_alone() -> None:
     """The torch finding the layout cases steer around; when torch fixes it, this fails, and
     the widening in ``layout_cases`` can go."""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.matrix import row_of
 from reports.matrix import Matrix, render_html, render_markdown
 from reports.records import CaseResult, Comparison, Header, Skip
@@ -75,6 +77,7 @@ def test_a_row_judged_against_itself_counts_only_its_comparisons_with_itself() -
     assert Matrix([row]).table()[1][0][2] == "2.13.0+cpu, gloo, against itself on one device"
 
 
+@pytest.mark.slow
 def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path),
@@ -130,11 +133,11 @@ def _tables(markdown: str) -> list[dict[str, dict[str, str]]]:
     return [{cells[1]: dict(zip(t[0], cells, strict=True)) for cells in t[1:]} for t in tables if t]
 
 
+@pytest.mark.slow
+@pytest.mark.peers
 def test_the_matrix_runs_every_installed_peer_on_the_dev_profile(tmp_path: Path) -> None:
     """What CI runs of the compatibility matrix: every adapter, on the hand-picked edge cases
     (each one case, no shrinking: muon-fsdp2 compiles per shape) and the cause gate."""
-    import pytest
-
     for package in ("muon", "pytorch_optimizer", "muon_fsdp2", "torchtitan", "gram_newton_schulz"):
         pytest.importorskip(package, reason="the peers extra and examples/peers-no-deps.txt")
     run = subprocess.run(

@@ -20,6 +20,7 @@ def _gates(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: st
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_transformers_llama_trains_as_bitwise_twins_at_two_and_four_ranks(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -33,6 +34,7 @@ def test_a_transformers_llama_trains_as_bitwise_twins_at_two_and_four_ranks(
     )
 
 
+@pytest.mark.slow
 def test_a_transformers_mixtral_with_an_expert_starved_on_one_rank_completes(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -44,6 +46,7 @@ def test_a_transformers_mixtral_with_an_expert_starved_on_one_rank_completes(
     result.stdout.fnmatch_lines(["*moe:model*examples.hf_mixtral:mixtral*completed*all equal to the reference*"])
 
 
+@pytest.mark.slow
 def test_a_model_spec_that_does_not_import_or_declares_a_style_it_cannot_take_is_a_usage_error(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+#: each reproducer is a program of its own, with one of the peers extra's packages
+pytestmark = [pytest.mark.slow, pytest.mark.peers]
+
 FINDINGS = Path(__file__).resolve().parents[1] / "examples" / "findings"
 
 

@@ -108,6 +108,7 @@ def test_one_case(gate_runner):
 """
 
 
+@pytest.mark.slow
 def test_gate_figures_reach_junit_xml_and_the_github_step_summary(
     suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -132,6 +133,7 @@ def test_cuda_without_enough_gpus_is_a_usage_error(suite: pytest.Pytester) -> No
     result.stderr.fnmatch_lines(["*needs one GPU per rank*--nproc 64*"])
 
 
+@pytest.mark.slow
 def test_planted_hang_finishes_the_run_with_header_report_and_no_marker_warning(suite: pytest.Pytester) -> None:
     result = suite.runpytest_subprocess(
         "-m", "gate", "--nproc", "2", "-W", "error::pytest.PytestUnknownMarkWarning", "-p", "no:randomly"
@@ -141,6 +143,7 @@ def test_planted_hang_finishes_the_run_with_header_report_and_no_marker_warning(
     assert (suite.path / "gate-report" / "results.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_exitfirst_and_last_failed_rerun_only_what_failed(suite: pytest.Pytester) -> None:
     first = suite.runpytest_subprocess("-m", "gate", "-k", "planted_failure or works_after", "-x")
     first.assert_outcomes(passed=1, failed=1)
@@ -188,6 +191,7 @@ def test_an_unrelated_session_keeps_hypothesis_default_profile_and_never_imports
     assert not [line for line in result.outlines if line.startswith("muongate ")], "a header line needs torch"
 
 
+@pytest.mark.slow
 def test_an_unrelated_session_starts_within_half_a_second_of_one_without_the_plugin(
     unrelated: pytest.Pytester,
 ) -> None:

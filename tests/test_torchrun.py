@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gates.test_optimizer_gates import EDGE_CASES
 from reports.records import CaseResult, Header
 from reports.stream import read_stream
@@ -28,6 +30,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) -> None:
     port = _free_port()
     report = tmp_path / "report"
