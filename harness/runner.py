@@ -16,8 +16,9 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 import pytest
 import torch
-from hypothesis import Phase, find, settings
+from hypothesis import Phase, find, note, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.errors import NoSuchExample
 
 from harness.candidates import Impl, Kernel, UnsupportedConvention
@@ -277,9 +278,12 @@ class GateRunner:
         narrowed to what it declared it supports (the gate skips, saying why, where it
         cannot). With ``--against self``, an optimizer case also runs the candidate on one
         device and is judged against that."""
-        case = self._resolve(case)
+        drawn, case = case, self._resolve(case)
         if self.against == "self" and task in ("optimizer", "backward") and isinstance(case, Case):
             case = replace(case, self_reference=True)
+        if case != drawn and currently_in_test_context():
+            # Hypothesis's "Falsifying example" shows the case as drawn; say how it ran.
+            note(f"as it ran (adapted to the candidate and the run's options): {case!r}")
         world = getattr(case, "world_size", 1)
         if world > self.pool.nproc:
             raise ValueError(f"{case.describe()} needs {world} ranks; the pool has --nproc {self.pool.nproc}")

@@ -209,14 +209,18 @@ class Comparison(Record):
         return cls(**{k: _tuples(v) for k, v in known.items()}, step=step, rank=rank)
 
     def line(self) -> str:
-        """The comparison in one line, as a failure message lists it."""
+        """The comparison in one line, as a failure message lists it; one that could not compare
+        element by element (another shape) says only why, with no figures it did not measure."""
+        head = f"{self.tensor} step {self.step} rank {self.rank} [{self.tier}]"
+        if not self.passed and not self.mismatches and self.note:
+            return f"{head}: {self.note}"
         where = ""
         if self.worst_index is not None:
             where = (
                 f", worst at {list(self.worst_index)}: expected {self.expected_at_worst!r} got {self.actual_at_worst!r}"
             )
         return (
-            f"{self.tensor} step {self.step} rank {self.rank} [{self.tier}]: max|diff| {self.max_abs_diff:.3g}, "
+            f"{head}: max|diff| {self.max_abs_diff:.3g}, "
             f"max ULP {self.max_ulp:g}, {self.mismatches}/{self.numel} differ{where}"
             + (f" ({self.note})" if self.note else "")
         )

@@ -66,6 +66,9 @@ class GateSummary:
     narrowed_cases: int = 0
     #: against → [cases that compared with it, cases whose comparisons with it all passed]
     verdicts: dict[str, list[int]] = field(default_factory=dict)
+    #: failing cases that compared nothing (a hang, an abort, an error before any comparison):
+    #: not equal to anything, so they count in every "equal to" denominator
+    uncompared_failures: int = 0
     #: cases per layout family (``fsdp``, ``3-D``, ``hsdp``, ``tp``, ``fsdp×tp``, ``ep×efsdp``)
     layouts: Counter[str] = field(default_factory=Counter)
 
@@ -88,6 +91,7 @@ class GateSummary:
         self.failed_cases += not case.passed
         if not case.passed:
             self.statuses[case.status] += 1
+            self.uncompared_failures += not case.comparisons
         f = case.figures
         if "sv_min" in f:
             self.sv_min = f["sv_min"] if self.sv_min is None else min(self.sv_min, f["sv_min"])
@@ -189,7 +193,8 @@ GATE_COLUMNS = (
 GATE_LEGEND = (
     "judged: whose code the gate ran and judged (the candidate, a kernel, or muongate itself); cases: with how "
     "many were narrowed to fit the candidate's declarations; equal to: cases whose every comparison with "
-    "reference.Muon (ref), and with the candidate itself on one device (self, --against self), was within its tier; "
+    "reference.Muon (ref), and with the candidate itself on one device (self, --against self), was within its tier, "
+    "of the cases that compared with it or failed before comparing anything (a hang, an abort, an error); "
     "failed: failing cases, by what they were (failed: compared and differed; hang; collective mismatch; "
     "abort; error); bitwise: comparisons (a tensor of one step on one rank) with the same bits, of all made, "
     "and how many more passed a tolerance tier; max|diff|, max ULP: the gate's worst comparison "
@@ -212,8 +217,13 @@ def layout_rows(summary: RunSummary) -> list[tuple[str, str]]:
 
 
 def _verdicts(g: GateSummary) -> str:
-    shown = [f"{name} {g.verdicts[a][1]}/{g.verdicts[a][0]}" for a, name in (("reference", "ref"), ("self", "self"))
-             if a in g.verdicts]  # fmt: skip
+    """``ref 26/160``: of the cases that compared with the reference or failed before comparing
+    anything, those whose every comparison with it passed."""
+    shown = [
+        f"{name} {g.verdicts[a][1]}/{g.verdicts[a][0] + g.uncompared_failures}"
+        for a, name in (("reference", "ref"), ("self", "self"))
+        if a in g.verdicts
+    ]
     return " ".join(shown) or "–"
 
 

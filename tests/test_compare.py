@@ -63,6 +63,8 @@ def test_tolerance_tier_passes_within_its_bound_and_never_reports_bitwise():
 def test_shape_mismatch_is_a_failed_comparison_naming_both_shapes():
     c = compare(torch.zeros(2), torch.zeros(3), tensor="t")
     assert not c.passed and not c.bitwise and "shape [3], the reference's [2]" in c.note
+    # Its line says why it could not compare, and no figure it did not measure ("0/3 differ").
+    assert c.line() == "t step 0 rank 0 [bitwise]: " + c.note
 
 
 def test_dtype_mismatch_is_compared_after_a_stated_cast_and_never_bitwise():

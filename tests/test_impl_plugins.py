@@ -62,6 +62,8 @@ def test_broken_optimizer_fails_with_a_shrunk_case(tmp_path: Path) -> None:
     assert shrunk is not None, result.stdout[-3000:]
     rows, cols, steps = (int(g) for g in shrunk.groups())
     assert steps <= 2 and rows <= 48 and cols <= 48
+    # Hypothesis shows the case as drawn (candidate=None); the note under it, the case as it ran.
+    assert re.search(r"as it ran \(adapted .*\): Case\(.*candidate=<function broken_muon", result.stdout)
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ from reports.records import (
     decode,
     dumps,
 )
+from reports.summary import GATE_COLUMNS, gate_row
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
@@ -137,6 +138,14 @@ def test_markdown_summary_matches_golden_text_and_fits_a_job_summary() -> None:
     markdown = to_markdown(summarize(RECORDS))
     assert markdown == (GOLDEN / "summary.md").read_text()
     assert len(markdown.encode()) < 64 * 1024
+
+
+def test_a_case_that_failed_before_comparing_counts_against_equal_to() -> None:
+    equal = CaseResult(1, "g", "w[4, 4] · case 1", "passed", comparisons=(Comparison("w", (4, 4)),))
+    errored = CaseResult(2, "g", "w[4, 4] · case 2", "error", message="rank 0: ValueError")
+    hung = CaseResult(3, "g", "w[4, 4] · case 3", "hang", message="no rank can complete its collective")
+    row = dict(zip(GATE_COLUMNS, gate_row(summarize([Header(), equal, errored, hung]).gates["g"]), strict=True))
+    assert (row["failed"], row["equal to"]) == ("1 error, 1 hang", "ref 1/3")
 
 
 def test_tolerance_pass_is_never_counted_as_bitwise() -> None:
