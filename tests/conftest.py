@@ -9,10 +9,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import pythonpath
 
 pytest_plugins = ["pytester"]
 
 _REPRODUCE = re.compile(r"^reproduce: (PYTHONPATH=.*)$", re.MULTILINE)
+
+
+@pytest.fixture
+def other_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytester's directory as another project's: the sessions it starts import its own
+    modules first, then muongate from this checkout."""
+    monkeypatch.setenv("PYTHONPATH", pythonpath(pytester.path))
+    return pytester
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import ast
 from pathlib import Path
 
 import pytest
+from support import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("harness", "reference", "distributed_impl", "reports", "gates")
 #: package → the other packages it may import
 ALLOWED = {

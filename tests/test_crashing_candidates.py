@@ -8,12 +8,7 @@ again. How long whole runs on such candidates take is measured by
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
 
 RAISING = """
 from distributed_impl import ShardedMuon
@@ -89,12 +84,11 @@ def test_error(gate_runner):
 
 @pytest.mark.slow
 def test_each_crash_is_named_for_what_it_is_and_a_slow_rank_is_not_a_hang(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    other_project: pytest.Pytester,
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    pytester.makeconftest('pytest_plugins = ["harness.plugin"]')
-    pytester.makepyfile(raising=RAISING, test_crashes=GATES)
-    result = pytester.runpytest_subprocess("test_crashes.py", "--nproc", "2", "-p", "no:randomly", timeout=300)
+    other_project.makeconftest('pytest_plugins = ["harness.plugin"]')
+    other_project.makepyfile(raising=RAISING, test_crashes=GATES)
+    result = other_project.runpytest_subprocess("test_crashes.py", "--nproc", "2", "-p", "no:randomly", timeout=300)
     result.assert_outcomes(passed=2, failed=6)
     result.stdout.fnmatch_lines_random(
         [

@@ -5,7 +5,6 @@ spec is a usage error."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO, repo_env
 
 from distributed_impl import ShardedMuon
 
-REPO = Path(__file__).resolve().parents[1]
 UNEXPRESSIBLE = """
 import torch
 from distributed_impl import ShardedMuon
@@ -35,7 +34,7 @@ half.muongate_conventions = {"ns_dtype": torch.float16}
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    env = repo_env(tmp_path)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "gates", "-m", "gate", "--nproc", "2", "-q",
          "-p", "no:cacheprovider", "--gate-report", str(tmp_path / "report"), *args],

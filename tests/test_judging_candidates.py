@@ -5,7 +5,6 @@ reference; one gate reports several findings; a reproduce command reproduces."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,6 @@ import pytest
 
 from harness.candidates import Impl, UnsupportedConvention
 from harness.cases import Case, ParamSpec
-
-REPO = Path(__file__).resolve().parents[1]
 
 RAISING = """
 import torch
@@ -56,29 +53,26 @@ for name, value in _DECLARED.items():
 '''
 
 
-def _gates(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str) -> pytest.RunResult:
+def _gates(other_project: pytest.Pytester, *args: str) -> pytest.RunResult:
     """muongate's own gates from a directory that is not the repository, as another team runs them."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(REPO)]))
-    return pytester.runpytest_subprocess(
+    return other_project.runpytest_subprocess(
         "-p", "harness.plugin", "--pyargs", *args, "--nproc", "2", "-p", "no:randomly", "--gate-report", "report",
         timeout=900,
     )  # fmt: skip
 
 
-def _report(pytester: pytest.Pytester) -> str:
-    return (pytester.path / "report" / "equivalence.md").read_text()
+def _report(project: pytest.Pytester) -> str:
+    return (project.path / "report" / "equivalence.md").read_text()
 
 
 @pytest.mark.slow
-def test_a_candidate_that_raises_on_every_step_passes_no_gate(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytester.makepyfile(raising=RAISING)
-    result = _gates(pytester, monkeypatch, "gates", "-m", "gate", "--impl", "raising:raising")
+def test_a_candidate_that_raises_on_every_step_passes_no_gate(other_project: pytest.Pytester) -> None:
+    other_project.makepyfile(raising=RAISING)
+    result = _gates(other_project, "gates", "-m", "gate", "--impl", "raising:raising")
     outcomes = result.parseoutcomes()
     assert "passed" not in outcomes, result.stdout.str()[-4000:]
     assert outcomes["failed"] > 0 and outcomes["skipped"] > 0
-    report = _report(pytester)
+    report = _report(other_project)
     # What judged muongate's own code was skipped and says so; nothing it ran counts for the candidate.
     for own in ("orthogonalizes_to_reference_rows", "catch_negative_control", "kernel_matches_reference"):
         assert own in report and "it runs without --impl" in report, own
@@ -86,17 +80,15 @@ def test_a_candidate_that_raises_on_every_step_passes_no_gate(
 
 
 @pytest.mark.slow
-def test_narrowed_gates_and_hand_picked_cases_are_skipped_naming_the_narrowing(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_narrowed_gates_and_hand_picked_cases_are_skipped_naming_the_narrowing(other_project: pytest.Pytester) -> None:
     result = _gates(
-        pytester, monkeypatch, "gates.test_optimizer_gates", "-k", "hybrid or checkpoint or edge or one_sharded",
+        other_project, "gates.test_optimizer_gates", "-k", "hybrid or checkpoint or edge or one_sharded",
         "--impl", "examples.gathered_muon:gathered_muon",
     )  # fmt: skip
     # Its arithmetic differs from reference.Muon's by design: what ran fails (one_step, six edge
     # cases); what was narrowed away is skipped (two gates, six edge cases, two need 4 ranks).
     result.assert_outcomes(failed=7, skipped=10)
-    report = _report(pytester)
+    report = _report(other_project)
     for reason in (
         "hybrid_groups: not run: its claim is Muon and AdamW groups side by side, and "
         "examples.gathered_muon:gathered_muon does not declare adamw",
@@ -124,15 +116,13 @@ def test_a_convention_value_the_reference_cannot_take_is_refused_by_name(
 
 
 @pytest.mark.slow
-def test_self_reference_finds_a_sharding_bug_that_the_reference_verdict_hides(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_self_reference_finds_a_sharding_bug_that_the_reference_verdict_hides(other_project: pytest.Pytester) -> None:
     gate = ("gates.test_optimizer_gates", "-k", "one_sharded_step")
     buggy = ("--impl", "examples.gathered_muon:gathered_muon_local_lr")
-    against_reference = _gates(pytester, monkeypatch, *gate, *buggy)
+    against_reference = _gates(other_project, *gate, *buggy)
     against_reference.assert_outcomes(failed=1)
     against_reference.stdout.fnmatch_lines(["FAILED one_step: differs from reference*", "minimal case: * world 1 *"])
-    against_self = _gates(pytester, monkeypatch, *gate, *buggy, "--against", "self")
+    against_self = _gates(other_project, *gate, *buggy, "--against", "self")
     against_self.assert_outcomes(failed=1)
     against_self.stdout.fnmatch_lines_random(
         [
@@ -142,21 +132,19 @@ def test_self_reference_finds_a_sharding_bug_that_the_reference_verdict_hides(
     )
     for correct in ("examples.gathered_muon:gathered_muon", None):
         impl = ("--impl", correct) if correct else ()
-        passed = _gates(pytester, monkeypatch, *gate, *impl, "--against", "self")
+        passed = _gates(other_project, *gate, *impl, "--against", "self")
         passed.assert_outcomes(passed=1)
     # Both verdicts side by side: the correct but different candidate equals itself, not reference.Muon.
-    row = next(line for line in _report(pytester).splitlines() if line.startswith("| one_step |"))
+    row = next(line for line in _report(other_project).splitlines() if line.startswith("| one_step |"))
     assert "self 200/200" in row and "ref 200/200" in row, row
 
 
 @pytest.mark.slow
 def test_one_gate_reports_an_arithmetic_difference_and_a_crash_as_two_shrunk_findings(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    other_project: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(two_bugs=TWO_BUGS)
-    result = _gates(
-        pytester, monkeypatch, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs"
-    )
+    other_project.makepyfile(two_bugs=TWO_BUGS)
+    result = _gates(other_project, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines_random(
         [
@@ -170,12 +158,10 @@ def test_one_gate_reports_an_arithmetic_difference_and_a_crash_as_two_shrunk_fin
 
 @pytest.mark.slow
 def test_reproduce_command_of_an_impl_run_fails_the_same_way_from_a_scratch_directory(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, rerun_reproduce: Any
+    other_project: pytest.Pytester, rerun_reproduce: Any
 ) -> None:
-    pytester.makepyfile(two_bugs=TWO_BUGS)
-    first = _gates(
-        pytester, monkeypatch, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs"
-    )
+    other_project.makepyfile(two_bugs=TWO_BUGS)
+    first = _gates(other_project, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs")
     first.assert_outcomes(failed=1)
     minimal = [line for line in first.stdout.lines if line.startswith("minimal case:")]
     again = rerun_reproduce(first.stdout.str())

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
 SPECTRUM = "kernel_spectrum and 64x64"
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def project(other_project: pytest.Pytester) -> pytest.Pytester:
     """Another project: the harness installed (here: on the path), the gates run by package."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    pytester.makeconftest('pytest_plugins = ["harness.plugin"]')
-    return pytester
+    other_project.makeconftest('pytest_plugins = ["harness.plugin"]')
+    return other_project
 
 
 def _run(project: pytest.Pytester, *args: str) -> pytest.RunResult:

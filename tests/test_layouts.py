@@ -8,13 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from support import REPO
 
 from harness.candidates import Impl
 from harness.cases import Case, ParamSpec
 from harness.ranks import RankPool
 from harness.tasks import selftest as selftest_tasks
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _case(world: int, mesh: tuple[int, ...], tp: int) -> Case:
@@ -97,10 +96,9 @@ def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing
 
 @pytest.mark.slow
 def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_four_ranks(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    other_project: pytest.Pytester,
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    result = pytester.runpytest_subprocess(
+    result = other_project.runpytest_subprocess(
         "-p", "harness.plugin", "--pyargs", "gates.test_layout_gates", "gates.test_reshard_gates",
         "gates.test_training_gates", "-k", "(layout or reshard or twins) and not the_models", "--nproc", "4", "-p", "no:randomly",
         "--hypothesis-profile", "dev", "--hypothesis-seed", "0", timeout=600,

@@ -4,18 +4,16 @@ declaration), and a deliberately broken adapter fails the cells that ShardedMuon
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import REPO, repo_env
 
 from harness.matrix import row_of
 from reports.matrix import Matrix, render_html, render_markdown
 from reports.records import CaseResult, Comparison, Header, Skip
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _case(i: int, gate: str, status: str = "passed", **comparison: object) -> CaseResult:
@@ -83,7 +81,7 @@ def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes(tmp_path: Pat
         [sys.executable, "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path),
          "distributed_impl:ShardedMuon", "examples.broken_muon:broken_muon"],
         capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=repo_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [line for line in (tmp_path / "matrix.md").read_text().splitlines() if line.startswith("| ")][1:]
@@ -144,7 +142,7 @@ def test_the_matrix_runs_every_installed_peer_on_the_dev_profile(tmp_path: Path)
         [sys.executable, "-m", "harness.matrix", "--nproc", "2", "--profile", "dev", "--timeout", "300",
          "-k", "edge or declared_difference", "--out", str(tmp_path), *PEERS,
          *(a for k in KERNELS for a in ("--kernel", k))],
-        capture_output=True, text=True, timeout=900, check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=900, check=False, cwd=REPO, env=repo_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows, kernels = _tables((tmp_path / "matrix.md").read_text())

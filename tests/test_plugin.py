@@ -10,14 +10,10 @@ its user chose."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
 
 GATE_FILE = """
 import pytest
@@ -38,11 +34,10 @@ def test_planted_failure(gate_runner):
 
 
 @pytest.fixture
-def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    pytester.makeconftest('pytest_plugins = ["harness.plugin"]')
-    pytester.makepyfile(test_gates=GATE_FILE)
-    return pytester
+def suite(other_project: pytest.Pytester) -> pytest.Pytester:
+    other_project.makeconftest('pytest_plugins = ["harness.plugin"]')
+    other_project.makepyfile(test_gates=GATE_FILE)
+    return other_project
 
 
 def test_help_lists_the_muongate_options(suite: pytest.Pytester) -> None:
@@ -175,12 +170,11 @@ def test_an_ordinary_property(x):
 
 
 @pytest.fixture
-def unrelated(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def unrelated(other_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """Another project: one hypothesis test, no muongate conftest, the plugin loaded by name."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.delenv("MUONGATE_HYPOTHESIS_PROFILE", raising=False)
-    pytester.makepyfile(test_unrelated=UNRELATED_TEST)
-    return pytester
+    other_project.makepyfile(test_unrelated=UNRELATED_TEST)
+    return other_project
 
 
 def test_an_unrelated_session_keeps_hypothesis_default_profile_and_never_imports_torch(

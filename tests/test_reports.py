@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from support import REPO, repo_env
 
 from reports import ResultStream, SchemaError, read_stream, render, summarize, to_markdown
 from reports.html import anchor
@@ -37,7 +38,6 @@ from reports.records import (
 )
 from reports.summary import GATE_COLUMNS, gate_row
 
-REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
 
 FAILING = Comparison(
@@ -308,7 +308,7 @@ def test_a_schema_2_stream_reads_as_written_and_compares_with_its_schema_3_rewri
 @pytest.mark.slow
 def test_killed_run_keeps_every_finished_record(tmp_path: Path) -> None:
     report = tmp_path / "report"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = repo_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "several_steps", "-q",
          "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report)],
@@ -343,12 +343,11 @@ def test_planted_bug_is_caught(gate_runner):
 
 @pytest.mark.slow
 def test_planted_failure_is_summarized_with_a_command_that_reproduces_it(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, rerun_reproduce: Any
+    other_project: pytest.Pytester, rerun_reproduce: Any
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    pytester.makeconftest('pytest_plugins = ["harness.plugin"]')
-    pytester.makepyfile(test_planted=PLANTED)
-    first = pytester.runpytest_subprocess("-m", "gate", "--nproc", "2")
+    other_project.makeconftest('pytest_plugins = ["harness.plugin"]')
+    other_project.makepyfile(test_planted=PLANTED)
+    first = other_project.runpytest_subprocess("-m", "gate", "--nproc", "2")
     first.assert_outcomes(failed=1)
     first.stdout.fnmatch_lines(
         [

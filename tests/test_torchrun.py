@@ -9,19 +9,17 @@ both nodes to agree on one checkpoint directory.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import REPO, repo_env
 
 from gates.test_optimizer_gates import EDGE_CASES
 from reports.records import CaseResult, Header
 from reports.stream import read_stream
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:
@@ -34,7 +32,7 @@ def _free_port() -> int:
 def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) -> None:
     port = _free_port()
     report = tmp_path / "report"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = repo_env()
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "2", "--nproc-per-node", "2",

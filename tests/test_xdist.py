@@ -3,17 +3,15 @@ store collisions, and the controller merges their streams into one report."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import REPO, repo_env
 
 from reports.records import CaseResult
 from reports.stream import read_streams
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
@@ -23,7 +21,7 @@ def test_two_xdist_workers_run_two_pools_and_one_report(tmp_path: Path) -> None:
         [sys.executable, "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "edge or one_sharded",
          "-n", "2", "--nproc", "2", "-q", "-p", "no:cacheprovider", "--rootdir", str(REPO),
          "--gate-report", str(report)],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:]
     assert "muongate report:" in result.stdout and "results-gw0.jsonl, results-gw1.jsonl" in result.stdout
@@ -42,7 +40,7 @@ def test_a_gate_session_started_from_inside_an_xdist_worker_writes_its_own_repor
     result = subprocess.run(
         [sys.executable, "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "uneven-7x5", "--nproc", "2",
          "-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report)],
-        cwd=tmp_path, env={**os.environ, **inherited, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        cwd=tmp_path, env=repo_env(**inherited), capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:]
