@@ -114,19 +114,24 @@ def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
     return "gloo", ["cpu"] * nproc
 
 
+def _workerinput(config: pytest.Config) -> dict[str, Any] | None:
+    """What xdist hands a worker's own config (``workerid``, ``workercount``); None in a
+    controller or without xdist. Never ``PYTEST_XDIST_WORKER``: a pytest session that an xdist
+    worker's test starts inherits that variable, and is no worker."""
+    return getattr(config, "workerinput", None)
+
+
 def _xdist_worker(config: pytest.Config) -> str | None:
-    """This xdist worker's id (``gw0`` …), from the worker's own config; None in a controller or
-    without xdist. Never from ``PYTEST_XDIST_WORKER``: a pytest session that an xdist worker's test
-    starts inherits that variable, and is no worker."""
-    workerinput = getattr(config, "workerinput", None)
+    """This xdist worker's id (``gw0`` …); None in a controller or without xdist."""
+    workerinput = _workerinput(config)
     return str(workerinput["workerid"]) if workerinput else None
 
 
 def _xdist_workers(config: pytest.Config) -> tuple[int, int]:
     """(number of xdist workers, this worker's index); (1, 0) without xdist."""
-    worker = _xdist_worker(config)
-    if worker:
-        return int(config.workerinput["workercount"]), int(worker.removeprefix("gw"))  # type: ignore[attr-defined]
+    workerinput = _workerinput(config)
+    if workerinput:
+        return int(workerinput["workercount"]), int(str(workerinput["workerid"]).removeprefix("gw"))
     count = getattr(config.option, "numprocesses", None)
     return (count if isinstance(count, int) and count > 0 else 1), 0
 
