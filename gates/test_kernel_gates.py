@@ -15,7 +15,6 @@ these gates must catch it and shrink the failure to a small matrix.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -24,11 +23,11 @@ from hypothesis import strategies as st
 
 from harness.candidates import Kernel
 from harness.cases import Case, KernelCase, cases, matrix_shapes
+from harness.session import drawn
 from harness.tasks.kernel import BAND_MARGIN, EDGE_INPUTS
 
 pytestmark = [pytest.mark.gate, pytest.mark.judges("a Newton–Schulz kernel (--kernel)", "kernel")]
 
-NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
 EXAMPLE = "gates.examples.polar_express_kernel:polar_express"
 BROKEN = "gates.examples.broken_kernel:row_norm_ns"
 SPECTRUM_SHAPES = [(64, 64), (32, 96), (96, 32), (7, 33)]
@@ -48,7 +47,7 @@ def _off_reference(gate_runner: Any, case: KernelCase) -> tuple[str | None, Any]
     return (None if c.passed else f"relative Frobenius error {c.rel_fro:.3g} outside its tier: {c.line()}"), ran
 
 
-@given(case=cases(max_world=NPROC, max_steps=2, max_params=2, adamw=False))
+@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=2, max_params=2, adamw=False)))
 def test_sharded_optimizer_with_the_kernel_matches_reference_with_the_kernel_bitwise(
     gate_runner: Any, kernel: Kernel, case: Case
 ) -> None:

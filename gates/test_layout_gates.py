@@ -15,7 +15,6 @@ columns of a row-wise weight, the lr scale from the local piece's shape, and a
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -26,13 +25,12 @@ from hypothesis import strategies as st
 from gates.examples.gram_partial_muon import gram_partial_local_gram_muon, gram_partial_muon
 from gates.negative_controls import LAYOUT_CONTROLS
 from harness.cases import Case, ParamSpec, layout_cases, muon_settings
+from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
 
-NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
 
-
-@given(case=layout_cases(max_world=NPROC, min_world=min(2, NPROC)))
+@given(case=drawn(lambda s: layout_cases(max_world=s.nproc, min_world=min(2, s.nproc), algorithm=s.algorithm)))
 def test_tensor_parallel_and_fsdp_tp_layouts_match_reference_bitwise(gate_runner: Any, case: Case) -> None:
     gate_runner.require("layouts", {"tp"}, "its claim is about tensor-parallel layouts")
     gate_runner.check("layouts", case)
@@ -42,7 +40,7 @@ def test_tensor_parallel_and_fsdp_tp_layouts_match_reference_bitwise(gate_runner
 @pytest.mark.parametrize("control", sorted(LAYOUT_CONTROLS))
 def test_layout_gate_catches_negative_control(gate_runner: Any, control: str) -> None:
     planted, ranks = LAYOUT_CONTROLS[control]
-    if ranks > NPROC:
+    if ranks > gate_config().nproc:
         pytest.skip(f"{control} shows on {ranks} ranks: needs --nproc {ranks}")
 
     def on(case: Case) -> Case:
@@ -50,7 +48,7 @@ def test_layout_gate_catches_negative_control(gate_runner: Any, control: str) ->
 
     minimal = gate_runner.catch(
         f"negative:layouts:{control}",
-        layout_cases(max_world=NPROC, min_world=ranks),
+        layout_cases(max_world=gate_config().nproc, min_world=ranks),
         lambda case: gate_runner.run(on(case)).message,
         lambda case: on(case).describe(),
     )
@@ -64,7 +62,7 @@ def _rowwise_cases(draw: st.DrawFn, candidate: Any) -> Case:
     float32 weights keep it whole), five Newton–Schulz iterations of Keller's coefficients
     (the tier's calibration; Polar Express's steeper ones are not calibrated), on the
     example's conventions."""
-    world = draw(st.integers(2, max(2, NPROC)))
+    world = draw(st.integers(2, max(2, gate_config().nproc)))
     params = []
     for i in range(draw(st.integers(1, 2))):
         rows = draw(st.integers(1, 32))
@@ -84,7 +82,7 @@ def test_gram_partial_update_stays_in_its_calibrated_tier(gate_runner: Any, case
     """A candidate whose Newton–Schulz takes X Xᵀ from per-rank partial products and an
     all-reduce cannot be bitwise; its update is held to ``GRAM_PARTIAL`` instead, whose
     bounds were measured between correct and wrong variants (``harness/compare.py``)."""
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("a row-wise weight needs two ranks")
     gate_runner.check("tier:gram_partial", case, task="update")
 
@@ -95,7 +93,7 @@ def test_a_candidate_declaring_the_gram_partial_tier_stays_in_it(gate_runner: An
     {"gram_partial"}`` (and the ``tp`` layout); on the candidate's declared conventions."""
     if gate_runner.impl is None:
         pytest.skip("tier:gram_partial: judges an --impl candidate that declares it; ShardedMuon is bitwise")
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("a row-wise weight needs two ranks")
     gate_runner.require("tier:gram_partial", {"gram_partial", "tp"}, "its claim is the gram_partial tier")
     gate_runner.check("tier:gram_partial", case, task="update")
@@ -103,7 +101,7 @@ def test_a_candidate_declaring_the_gram_partial_tier_stays_in_it(gate_runner: An
 
 @pytest.mark.judges("the calibrated gram_partial tier, with the Gram left local (negative control)", "muongate: gates")
 def test_gram_partial_tier_rejects_a_gram_left_local(gate_runner: Any) -> None:
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("a row-wise weight needs two ranks")
     gate_runner.catch(
         "negative:tier:gram_partial:LocalGram",

@@ -9,7 +9,6 @@ control was caught on.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -18,13 +17,13 @@ from hypothesis import given, settings
 
 from gates.negative_controls import NEGATIVE_CONTROLS, PlantedMuon, ShardSumNormMuon
 from harness.cases import Case, cases, norm_tie_cases
+from harness.session import gate_config
 
 pytestmark = [
     pytest.mark.gate,
     pytest.mark.judges("muongate's own gates, with planted bugs (negative controls)", "muongate: gates"),
 ]
 
-NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
 CONTROL_CASES = cases(max_world=2, max_steps=3, max_params=2, adamw=False)
 
 
@@ -36,14 +35,14 @@ def _planted(case: Case, control: type[PlantedMuon]) -> Case:
 @settings(max_examples=max(5, settings().max_examples // 10))
 def test_unplanted_control_matches_the_reference(gate_runner: Any, case: Case) -> None:
     """The optimizer the controls are built on is correct: each bug is the only difference."""
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("the controls run on two ranks")
     gate_runner.check("negative:unplanted", _planted(case, PlantedMuon))
 
 
 @pytest.mark.parametrize("control", sorted(NEGATIVE_CONTROLS))
 def test_gates_catch_negative_control(gate_runner: Any, control: str) -> None:
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("every planted bug needs at least two ranks to show")
     planted = NEGATIVE_CONTROLS[control]
     minimal = gate_runner.catch(
@@ -60,7 +59,7 @@ def test_norm_ties_catch_the_shard_sum_norm_with_bf16_newton_schulz_only(gate_ru
     """The shard-sum norm under a bf16-only declaration: every case has bf16 Newton–Schulz, so
     only the norm-tie inputs can show the last-bit difference (on the ordinary generators
     with ``ns_dtype`` fixed to bf16 it passed 300 of 300 cases: see the README)."""
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("the controls run on two ranks")
     minimal = gate_runner.catch(
         "negative:ShardSumNormMuon (bf16 only)",

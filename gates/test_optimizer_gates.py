@@ -1,5 +1,8 @@
 """Claims: the sharded Muon (``distributed_impl.ShardedMuon``) computes single-device Muon
-(``reference.Muon``), bit for bit.
+(``reference.Muon``), bit for bit; under ``--impl`` (and ``--reference``), the candidate computes
+its reference. The claims drawn from the session's reference (``harness.session``) hold for any
+algorithm; the Newton–Schulz ones (norm ties, the spectrum oracle, the cause tier) are Muon's and
+skip for another, and the hand-picked edge cases are Muon's cases.
 
 How both sides get identical inputs: every rank draws parameters and gradients on the CPU
 from the case's seed, runs the reference on the full tensors and the candidate on real
@@ -15,6 +18,7 @@ Hypothesis draws cases in this (parent) process; the ranks only ever see concret
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,59 +28,72 @@ from hypothesis import strategies as st
 from harness.cases import Case, ParamSpec, cases, norm_tie_cases
 from harness.cases.case import DType
 from harness.causes import FAMILIES, NotSeparable, cause_tier, shape_in
+from harness.session import drawn, gate_config
 from harness.tasks.optimizer import backward_model_case
 
 pytestmark = pytest.mark.gate
 
-NPROC = int(__import__("os").environ.get("MUONGATE_NPROC", "2"))
-
 
 @pytest.mark.judges("muongate's own gather and owner exchange (distributed_impl)", "muongate: exchange")
-@given(case=cases(max_world=NPROC, max_steps=1, max_params=3, adamw=False, experts=False))
+@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=1, max_params=3, adamw=False, experts=False)))
 def test_gathered_matrix_orthogonalizes_to_reference_rows_bitwise(gate_runner: Any, case: Case) -> None:
     """Judges muongate's own gather and owner exchange (``distributed_impl``), not a candidate."""
     gate_runner.check("orthogonalize_gathered", case, task="orthogonalize")
 
 
-@given(case=cases(max_world=NPROC, max_steps=1, max_params=1, adamw=False))
+@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=1, max_params=1, adamw=False, algorithm=s.algorithm)))
 def test_one_sharded_step_matches_reference_bitwise(gate_runner: Any, case: Case) -> None:
     gate_runner.check("one_step", case)
 
 
-@given(case=cases(max_world=NPROC, max_steps=5, max_params=2, adamw=False, hsdp=NPROC >= 4))
+@given(
+    case=drawn(
+        lambda s: cases(
+            max_world=s.nproc, max_steps=5, max_params=2, adamw=False, hsdp=s.nproc >= 4, algorithm=s.algorithm
+        )
+    )
+)
 def test_several_steps_with_momentum_nesterov_and_weight_decay_match_reference_bitwise(
     gate_runner: Any, case: Case
 ) -> None:
     gate_runner.check("several_steps", case)
 
 
-@given(case=cases(max_world=NPROC, max_steps=3, max_params=4, adamw=True))
+@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=3, max_params=4, adamw=True)))
 def test_hybrid_muon_and_adamw_groups_match_reference_bitwise(gate_runner: Any, case: Case) -> None:
+    gate_runner.algorithm_claim("hybrid_groups", "Muon and AdamW groups side by side")
     gate_runner.require("hybrid_groups", {"adamw"}, "its claim is Muon and AdamW groups side by side")
     gate_runner.check("hybrid_groups", case)
 
 
-@given(case=cases(max_world=NPROC, max_steps=4, max_params=3, checkpoint=True).filter(lambda c: c.checkpoint_after))
+@given(
+    case=drawn(
+        lambda s: cases(max_world=s.nproc, max_steps=4, max_params=3, checkpoint=True, algorithm=s.algorithm).filter(
+            lambda c: c.checkpoint_after
+        )
+    )
+)
 def test_checkpoint_round_trip_continues_bitwise(gate_runner: Any, case: Case) -> None:
     gate_runner.require("checkpoint", {"checkpoint"}, "its claim is a checkpoint round trip")
     gate_runner.check("checkpoint", case)
 
 
-@given(case=cases(max_world=1, max_steps=3, max_params=2), data=st.data())
+@given(case=drawn(lambda s: cases(max_world=1, max_steps=3, max_params=2, algorithm=s.algorithm)), data=st.data())
 def test_every_world_size_gives_the_reference_bits(gate_runner: Any, case: Case, data: Any) -> None:
     # Each world size is compared with the same reference, so equal verdicts mean equal bits
     # across world sizes; the per-world records in the report show each one.
     gate_runner.require("world_size_independence", {"world"}, "its claim is about several world sizes")
-    for world in range(1, NPROC + 1):
+    for world in range(1, gate_config().nproc + 1):
         gate_runner.check("world_size_independence", case.with_world(world))
 
 
-@given(case=norm_tie_cases(max_world=NPROC))
+@given(case=drawn(lambda s: norm_tie_cases(max_world=s.nproc)))
 def test_norms_on_bf16_rounding_ties_match_reference_bitwise(gate_runner: Any, case: Case) -> None:
     """bf16's blind spot: in bf16 Newton–Schulz, a last-bit difference in a float32 norm (a
     norm from per-shard partial sums, say) is rounded away, except on these inputs, whose
     norms sit on bf16 rounding ties. A candidate that runs Newton–Schulz in bf16 only is
     still held to its norm here."""
+    gate_runner.algorithm_claim("bf16_norm_ties", "Newton–Schulz's norm on bf16 rounding ties")
     gate_runner.check("bf16_norm_ties", case)
 
 
@@ -168,14 +185,14 @@ EDGE_CASES = [
 
 @pytest.mark.parametrize("case", EDGE_CASES)
 def test_hand_picked_edge_case_matches_reference_bitwise(gate_runner: Any, case: Case) -> None:
-    if case.world_size > NPROC:
+    if case.world_size > gate_config().nproc:
         pytest.skip(f"needs --nproc {case.world_size}")
     gate_runner.check(f"edge:{case.label}", case, exact=True)
 
 
 @given(
     dims=st.tuples(st.integers(1, 24), st.integers(1, 24), st.integers(1, 24)),
-    world=st.integers(1, NPROC),
+    world=drawn(lambda s: st.integers(1, s.nproc)),
     mode=st.sampled_from(["all_ranks", "owner_split"]),
     seed=st.integers(0, 2**16),
 )
@@ -185,7 +202,11 @@ def test_step_after_a_real_fsdp2_backward_matches_reference_bitwise(
 ) -> None:
     # Gradients come from FSDP2's own reduce-scatter after a forward/backward on per-rank
     # micro-batches; the reference is fed those gradients, gathered.
-    gate_runner.check("real_backward", backward_model_case(seed, dims, world, 2, mode), task="backward")
+    algorithm = gate_config().algorithm
+    case = backward_model_case(seed, dims, world, 2, mode)
+    if algorithm is not None and algorithm.in_case is not None:
+        case = replace(case, reference=algorithm.in_case, mode=None, settings=())
+    gate_runner.check("real_backward", case, task="backward")
 
 
 ORACLE_BAND = (0.6, 1.25)
@@ -202,10 +223,12 @@ def test_sharded_update_is_orthogonal_against_float64_polar_factor(
     and divided by its lr, must have every singular value in [0.6, 1.25] (the quintic lands
     them in roughly [0.7, 1.2]; the exact polar factor has them all at 1). A candidate whose
     arithmetic differs from the reference by design is still held to this."""
+    gate_runner.algorithm_claim("oracle_spectrum", "the singular values of Newton–Schulz's output")
+    world = min(2, gate_config().nproc)
     case = Case(
         params=(ParamSpec("w", shape),),
-        world_size=min(2, NPROC),
-        mesh=(min(2, NPROC),),
+        world_size=world,
+        mesh=(world,),
         seed=1,
         settings=(("lr", 1.0), ("momentum", 0.0), ("nesterov", False), ("ns_dtype", ns_dtype)),
     )
@@ -235,7 +258,7 @@ def _cause_cases(draw: st.DrawFn, impl: Any, device: str) -> Case:
     ns_dtype = draw(st.sampled_from(["bfloat16", "float32"]))
     settings = {"lr": 1.0, "weight_decay": 0.0, "nesterov": draw(st.booleans()), "ns_dtype": ns_dtype}
     settings.update(dict(impl.conventions))
-    world = draw(st.integers(1, NPROC))
+    world = draw(st.integers(1, gate_config().nproc))
     try:
         tier = cause_tier(impl.differences, tuple(sorted(settings.items())), dtype, family, device)
     except NotSeparable as e:
@@ -255,6 +278,7 @@ def test_a_candidate_with_a_declared_difference_stays_within_what_its_causes_exp
     the bitwise gates by design; here its one-step update is held to the tier calibrated on
     exactly those causes at the drawn setting (``harness.causes``), so that an error far
     beyond what they explain (a bug inside the known difference) fails."""
+    gate_runner.algorithm_claim("tier:causes", "Muon's causes of difference, calibrated on its update")
     impl = gate_runner.impl
     if impl is None or not impl.differences:
         pytest.skip("tier:causes: judges an --impl candidate that declares muongate_differences")

@@ -13,7 +13,6 @@ checkpoint then stores it without its layout.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -22,18 +21,18 @@ from hypothesis import given
 
 from gates.negative_controls import LocalStateMuon
 from harness.cases import ReshardCase, reshard_cases
+from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
 
-NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
-CASES = reshard_cases(max_world=max(2, NPROC))
+CASES = drawn(lambda s: reshard_cases(max_world=max(2, s.nproc), algorithm=s.algorithm))
 
 
 @given(case=CASES)
 def test_checkpoint_resharded_to_another_layout_and_world_size_continues_bitwise(
     gate_runner: Any, case: ReshardCase
 ) -> None:
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("resharding needs --nproc 2 at least")
     gate_runner.reference_only("reshard")
     gate_runner.require("reshard", {"checkpoint", "world"}, "its claim is a checkpoint loaded on another layout")
@@ -42,7 +41,7 @@ def test_checkpoint_resharded_to_another_layout_and_world_size_continues_bitwise
 
 @pytest.mark.judges("muongate's resharding gate, with a planted state bug (negative control)", "muongate: gates")
 def test_reshard_gate_catches_momentum_kept_without_its_layout(gate_runner: Any) -> None:
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("resharding needs --nproc 2 at least")
 
     def on(case: ReshardCase) -> ReshardCase:

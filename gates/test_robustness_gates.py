@@ -13,7 +13,6 @@ that way, and shrink it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -25,10 +24,10 @@ from gates.negative_controls import ROBUSTNESS_CONTROLS
 from harness.cases import Case, ParamSpec, matrix_shapes, muon_settings
 from harness.cases.case import DType
 from harness.runner import robust_finding
+from harness.session import gate_config
 
 pytestmark = pytest.mark.gate
 
-NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
 EXAMPLES = max(5, settings().max_examples // 10)
 
 _SHAPES = matrix_shapes(max_side=24)
@@ -37,7 +36,7 @@ _DTYPES: st.SearchStrategy[DType] = st.sampled_from(["float32", "bfloat16"])
 
 @st.composite
 def _case(draw: st.DrawFn, params: list[ParamSpec], *, min_world: int = 1, steps: int = 2) -> Case:
-    world = draw(st.integers(min(min_world, NPROC), NPROC))
+    world = draw(st.integers(min(min_world, gate_config().nproc), gate_config().nproc))
     return Case(
         params=tuple(params),
         seed=draw(st.integers(0, 2**16)),
@@ -66,7 +65,7 @@ def _scenario(draw: st.DrawFn, name: str) -> Case:
         return draw(_case([ParamSpec("w", draw(_SHAPES)), idle]))
     if name == "empty-local-shards":
         # Fewer rows than ranks: some ranks hold no rows of the matrix at all.
-        rows = draw(st.integers(1, max(1, NPROC - 1)))
+        rows = draw(st.integers(1, max(1, gate_config().nproc - 1)))
         return draw(_case([ParamSpec("thin", (rows, draw(st.integers(1, 24))))], min_world=2))
     if name == "one-row-and-one-column":
         n = draw(st.integers(1, 24))
@@ -92,7 +91,7 @@ def test_sharded_muon_withstands_what_breaks_distributed_muons(gate_runner: Any,
 @pytest.mark.judges("muongate's robustness gates, with planted failures (negative controls)", "muongate: gates")
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_robustness_gate_catches_its_planted_failure(gate_runner: Any, scenario: str) -> None:
-    if NPROC < 2:
+    if gate_config().nproc < 2:
         pytest.skip("the planted failures need two ranks")
     planted, expected = ROBUSTNESS_CONTROLS[scenario]
 

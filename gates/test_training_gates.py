@@ -14,7 +14,6 @@ distributed step must fail the gate (this family's negative control).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -22,11 +21,11 @@ from hypothesis import strategies as st
 
 from gates.negative_controls import OffByOneRowsMuon
 from harness.models.transformer import TransformerCase
+from harness.session import gate_config
 from harness.tasks.training import TwinsCase
 
 pytestmark = pytest.mark.gate
 
-NPROC = int(os.environ.get("MUONGATE_NPROC", "2"))
 
 CASES = {
     "dense": TransformerCase("dense MLP, separate Q K V", steps=12),
@@ -39,7 +38,7 @@ CASES = {
 def test_training_matches_single_process_reference_at_every_step(gate_runner: Any, name: str) -> None:
     gate_runner.reference_only("training")
     case = CASES[name]
-    gate_runner.train("training", case if NPROC == 2 else _on(case, min(NPROC, 4)))
+    gate_runner.train("training", case if gate_config().nproc == 2 else _on(case, min(gate_config().nproc, 4)))
 
 
 def test_training_learns_held_out_bits_per_byte_fall(gate_runner: Any) -> None:
@@ -74,7 +73,7 @@ def test_training_twins_agree_bitwise_at_every_world_size(gate_runner: Any, worl
     two micro-batches accumulated per step: bitwise at any world size, where the
     single-process comparison above needs a tolerance tier beyond 2 ranks."""
     gate_runner.reference_only("training:twins")
-    if world > NPROC:
+    if world > gate_config().nproc:
         pytest.skip(f"needs --nproc {world}")
     gate_runner.check("training:twins", TwinsCase(_on(CASES["dense"], world), accumulate=2), task="twins")
 
@@ -84,7 +83,7 @@ def test_training_twins_agree_bitwise_under_fsdp2_over_tensor_parallel(gate_runn
     ``ColwiseParallel``, the attention output and the second matrix ``RowwiseParallel``,
     then FSDP2 on ``dp`` (``_StridedShard`` and ``(Shard(0), Shard(1))`` weights)."""
     gate_runner.reference_only("training:twins:fsdp×tp")
-    if NPROC < 4:
+    if gate_config().nproc < 4:
         pytest.skip("needs --nproc 4")
     gate_runner.require("training:twins:fsdp×tp", {"fsdp_tp"}, "its claim is FSDP2 × TP training")
     case = TwinsCase(_on(CASES["dense"], 4), accumulate=2, tp=2)
@@ -109,7 +108,7 @@ def test_training_twins_catch_off_by_one_shard_boundary(gate_runner: Any) -> Non
 def _model(gate_model: Any, gate: str, world: int) -> Any:
     if gate_model is None:
         pytest.skip(f"{gate}: trains the --model factory's model; none was given")
-    if world > NPROC:
+    if world > gate_config().nproc:
         pytest.skip(f"{gate}: needs --nproc {world}")
     return gate_model.on(world)
 
@@ -118,7 +117,7 @@ def test_the_models_training_matches_single_process_reference(gate_runner: Any, 
     """The same claim as for muongate's transformer, on the ``--model`` model: bitwise on 2
     ranks, the ``reduction_order`` tier beyond."""
     gate_runner.reference_only("training:model")
-    gate_runner.train("training:model", _model(gate_model, "training:model", min(NPROC, 4)))
+    gate_runner.train("training:model", _model(gate_model, "training:model", min(gate_config().nproc, 4)))
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -41,6 +41,8 @@ class Rerun:
     impl: str | None = None
     kernel: str | None = None
     model: str | None = None
+    #: ``--reference`` as the user gave it (``None``: the session's default)
+    reference: str | None = None
     against: str = "reference"
     device: str = "cpu"
     profile: str = "ci"
@@ -54,6 +56,7 @@ class Rerun:
             options += ["--nproc", str(self.nproc)]
         options += _pairs(
             ("--impl", self.impl),
+            ("--reference", self.reference),
             ("--kernel", self.kernel),
             ("--model", self.model),
             ("--against", None if self.against == "reference" else self.against),
@@ -71,7 +74,7 @@ class Rerun:
         return f"{path}::{test}", False
 
     def _path(self) -> str:
-        specs = [s for s in (self.impl, self.kernel, self.model) if s]
+        specs = [s for s in (self.impl, self.reference, self.kernel, self.model) if s]
         roots = [module_root("harness"), *(module_root(s.partition(":")[0]) for s in specs)]
         return os.pathsep.join(_unique(r for r in roots if r))
 

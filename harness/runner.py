@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.errors import NoSuchExample
 
+from harness.algorithms import reference_of
 from harness.candidates import Impl, Kernel, UnsupportedConvention
 from harness.cases import Case, ReshardCase
 from harness.cases.case import candidate_name
@@ -140,7 +141,7 @@ class Ran:
         bad = sorted((c for c in judged if not c.passed), key=lambda c: (-c.max_ulp, c.step, c.tensor))
         if not bad:
             return None
-        what = "the candidate on one device" if self.against == "self" else "reference.Muon"
+        what = "the candidate on one device" if self.against == "self" else reference_of(self.case).title
         lines = [f"{len(bad)} of {len(judged)} comparisons with {what} failed; worst first:"]
         lines += [f"  {c.line()}" for c in bad[:8]]
         return "\n".join(lines)
@@ -239,6 +240,14 @@ class GateRunner:
             )
         kind = torch.device(self.device).type
         self.require(gate, {kind}, f"its ranks run on {kind}")
+
+    def algorithm_claim(self, gate: str, about: str) -> None:
+        """Skips the running test unless the session's reference is Muon: its claim is about ``about``."""
+        from harness.session import gate_config
+
+        algorithm = gate_config().algorithm
+        if algorithm is not None and not algorithm.orthogonalizes:
+            pytest.skip(f"{gate}: a claim of Muon's ({about}); the session's reference is {algorithm.title}")
 
     def require(self, gate: str, features: set[str], why: str) -> None:
         """Skips the running test when the candidate did not declare what its claim is about."""

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, cast, get_args
+from typing import Any, ClassVar, Literal, NamedTuple, cast, get_args
 
 import torch
 from torch import Tensor
@@ -338,6 +338,13 @@ MUON_DEFAULTS: dict[str, Any] = dict(
 FLOAT32_STATE = ("momentum_buffer", "exp_avg", "exp_avg_sq")
 
 
+class Interval(NamedTuple):
+    """Any float in ``[lo, hi]``, as one of a setting's values in a reference's ``SPACE``."""
+
+    lo: float
+    hi: float
+
+
 def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """Undoes ``Optimizer.load_state_dict``'s cast of floating state to the parameter dtype.
 
@@ -361,6 +368,28 @@ class Muon(torch.optim.Optimizer):
     docstring; keyword names follow ``torch.optim.Muon``. ``orthogonalize_fn`` replaces
     ``orthogonalize`` (same signature), e.g. a kernel under test.
     """
+
+    #: the settings the gates draw, each with its values, the default (the shrink target) first
+    SPACE: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "lr": (0.02, 0.1, 1e-3, 0.5),
+        "momentum": (0.95, Interval(0.0, 0.99)),
+        "nesterov": (True, False),
+        "weight_decay": (0.0, 0.1, 0.01),
+        "ns_steps": (5, 1, 3, 0),
+    }
+    #: the convention settings, drawn like ``SPACE`` and fixed by a candidate's declared conventions
+    CONVENTIONS: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "momentum_form": get_args(MomentumForm),
+        "ns_coefficients": get_args(CoefficientsName),
+        "eps_form": get_args(EpsForm),
+        "ns_dtype": _NS_DTYPES,
+        "adjust_lr_fn": get_args(LrAdjust),
+    }
+    #: the parameters its Muon groups take, by number of dimensions (``use_muon=False`` groups take any)
+    PARAM_NDIMS: ClassVar[tuple[int, ...]] = (2, 3)
+    #: the state it keeps per parameter; each is compared with a candidate's state of that name
+    STATE: ClassVar[tuple[str, ...]] = FLOAT32_STATE
+    DEFAULTS: ClassVar[dict[str, Any]] = MUON_DEFAULTS
 
     def __init__(
         self, params: Iterable[Any], *, orthogonalize_fn: Callable[..., Tensor] | None = None, **settings: Any

@@ -138,6 +138,8 @@ class Header(Record):
     hypothesis_profile: str = ""
     hypothesis_seed: str | None = None
     impl: str = ""
+    #: the reference class the candidate was judged against (``--reference``; ``harness.algorithms``)
+    reference: str = "reference:Muon"
     kernel: str | None = None
     #: what the optimizer gates judged against: ``reference`` or ``self`` (``--against``)
     against: str = "reference"

@@ -71,6 +71,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from harness.algorithms import MUON, Algorithm, reference_of
 from harness.candidates.loading import load_declared
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
 
@@ -84,18 +85,16 @@ class UnsupportedConvention(Exception):
     """The candidate declares a convention the reference cannot express."""
 
 
-def _inexpressible(conventions: dict[str, Any]) -> list[str]:
-    """Why the reference cannot take these conventions: unknown keys, or values it refuses."""
-    from reference import MUON_DEFAULTS, validate_settings
-
-    unknown = sorted(k for k in conventions if k not in MUON_DEFAULTS)
-    if unknown:
-        return [f"unknown keys {unknown}"]
+def _reference(spec: str, factory: Any) -> Algorithm:
+    """The reference a candidate implements: its ``muongate_reference`` (a reference class, or
+    ``MODULE:CLASS``), else ``reference.Muon``."""
+    declared = getattr(factory, "muongate_reference", None)
+    if declared is None:
+        return MUON
     try:
-        validate_settings({**MUON_DEFAULTS, **optimizer_settings(conventions.items())})
-    except (ValueError, AttributeError, TypeError) as e:
-        return [str(e)]
-    return []
+        return Algorithm.load(declared) if isinstance(declared, str) else Algorithm.of(declared)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"--impl {spec}: muongate_reference {declared!r}: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,8 @@ class Impl:
     default_group: bool = False
     differences: frozenset[str] = frozenset()
     min_ns_steps: int = 0
+    #: the reference it implements (``muongate_reference``)
+    algorithm: Algorithm = MUON
 
     @classmethod
     def load(cls, spec: str) -> Impl:
@@ -151,13 +152,14 @@ class Impl:
         if not isinstance(min_ns_steps, int) or min_ns_steps < 0:
             raise ValueError(f"--impl {spec}: muongate_min_ns_steps {min_ns_steps!r} must be a whole number ≥ 0")
         conventions = {k: stored_setting(k, v) for k, v in declared.items()}
+        algorithm = _reference(spec, factory)
         return cls(
             spec,
             factory,
             tuple(sorted(conventions.items())),
             getattr(factory, "muongate_max_world", None),
             features,
-            tuple(_inexpressible(conventions)),
+            tuple(algorithm.check(optimizer_settings(conventions.items()))),
             layouts,
             tiers,
             own_sharding,
@@ -165,7 +167,20 @@ class Impl:
             bool(getattr(factory, "muongate_default_group", False)),
             differences,
             min_ns_steps,
+            algorithm,
         )
+
+    @property
+    def declares_reference(self) -> bool:
+        """Whether the candidate names the reference it implements (``muongate_reference``)."""
+        return hasattr(self.factory, "muongate_reference")
+
+    def judged_against(self, algorithm: Algorithm) -> Impl:
+        """This candidate judged against ``algorithm`` (``--reference``), its conventions checked there."""
+        if algorithm.spec == self.algorithm.spec:
+            return self
+        inexpressible = tuple(algorithm.check(optimizer_settings(self.conventions)))
+        return replace(self, algorithm=algorithm, inexpressible=inexpressible)
 
     def _check_expressible(self) -> None:
         if self.inexpressible:
@@ -181,6 +196,10 @@ class Impl:
         narrowed away is skipped). The declared conventions replace the case's own settings
         of those keys: that is the candidate's arithmetic, not a narrowing (``overridden``)."""
         self._check_expressible()
+        if case.reference is not self.algorithm.in_case:
+            raise UnsupportedConvention(
+                f"{self.spec} implements {self.algorithm.spec}; this case is drawn for {reference_of(case).spec}"
+            )
         notes: list[str] = []
         params: list[ParamSpec] = []
         dropped = [p.name for p in case.params if not p.use_muon and "adamw" not in self.features]

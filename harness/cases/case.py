@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from harness.candidates.kernel import Kernel
 
 DType = Literal["float32", "bfloat16"]
-GradKind = Literal["normal", "zero", "none", "every_other", "norm_boundary", "rank_asymmetric"]
+#: ``late``: no gradient on the first step, then one on every step (a layer unfrozen, an expert
+#: that gets tokens later): a parameter whose own step count trails the optimizer's
+GradKind = Literal["normal", "zero", "none", "every_other", "late", "norm_boundary", "rank_asymmetric"]
 Mode = Literal["all_ranks", "owner_split"]
 #: how a matrix is laid out under tensor parallelism (``Case.tp > 1``): ``parallelize_module``'s
 #: ``ColwiseParallel`` (``Shard(0)``) or ``RowwiseParallel`` (``Shard(1)``), or replicated
@@ -52,15 +54,16 @@ def optimizer_settings(settings: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _defaults() -> dict[str, Any]:
-    from reference import MUON_DEFAULTS
+def _defaults(reference: Any = None) -> dict[str, Any]:
+    from harness.algorithms import reference_of
 
-    return {k: stored_setting(k, v) for k, v in MUON_DEFAULTS.items()}
+    return {k: stored_setting(k, v) for k, v in reference_of(Case((), reference=reference)).defaults.items()}
 
 
-def brief_settings(settings: Iterable[tuple[str, Any]]) -> list[str]:
-    """``key=value`` for each setting that differs from ``reference.Muon``'s default."""
-    defaults = _defaults()
+def brief_settings(settings: Iterable[tuple[str, Any]], reference: Any = None) -> list[str]:
+    """``key=value`` for each setting that differs from the default of ``reference`` (a reference
+    class; ``None``: ``reference.Muon``)."""
+    defaults = _defaults(reference)
     return [
         f"{k}={stored_setting(k, v)!r}".replace("'", "") for k, v in settings if defaults.get(k) != stored_setting(k, v)
     ]
@@ -116,6 +119,8 @@ class Case:
     narrowed: tuple[str, ...] = field(default=(), compare=False)
     #: the tier the update task judges in (``None``: ``harness.compare.GRAM_PARTIAL``)
     tier: Any = field(default=None, compare=False)
+    #: the reference class it is judged against (``None``: ``reference.Muon``; see ``harness.algorithms``)
+    reference: Any = None
 
     def settings_dict(self) -> dict[str, Any]:
         """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""
@@ -151,7 +156,9 @@ class Case:
         parts.append(f"{self.steps} step{'s' if self.steps != 1 else ''}")
         if self.mode not in (None, "all_ranks"):
             parts.append(str(self.mode))
-        parts += brief_settings(self.settings)
+        parts += brief_settings(self.settings, self.reference)
+        if self.reference is not None:
+            parts.append(f"reference {self.reference.__name__}")
         if self.checkpoint_after is not None:
             parts.append(f"checkpoint after step {self.checkpoint_after}")
         if self.candidate is not None:

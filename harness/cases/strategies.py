@@ -7,12 +7,18 @@ one step, default settings.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
-from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec, ReshardCase, Style
+from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec, ReshardCase, Style, stored_setting
+
+if TYPE_CHECKING:
+    from harness.algorithms import Algorithm
+
+Settings = tuple[tuple[str, Any], ...]
 
 
 def _check_bounds(name_lo: str, lo: int, name_hi: str, hi: int) -> None:
@@ -52,38 +58,43 @@ def matrix_shapes(
     return st.one_of(matrices, stacks)
 
 
-_LRS = st.sampled_from([0.02, 0.1, 1e-3, 0.5])
-_MOMENTA = st.one_of(st.just(0.95), st.floats(0.0, 0.99, allow_subnormal=False))
-_NESTEROV = st.booleans().map(lambda b: not b)
-_WEIGHT_DECAYS = st.sampled_from([0.0, 0.1, 0.01])
-_NS_STEPS = st.sampled_from([5, 1, 3, 0])
-_CONVENTIONS = {
-    "momentum_form": st.sampled_from(["ema", "sum"]),
-    "ns_coefficients": st.sampled_from(["keller", "polar_express"]),
-    "eps_form": st.sampled_from(["add", "clamp"]),
-    "ns_dtype": st.sampled_from(["bfloat16", "float32"]),
-    "adjust_lr_fn": st.sampled_from(["original", "match_rms_adamw", "none"]),
-}
+def settings_of(algorithm: Algorithm | None = None, *, conventions: bool = True) -> st.SearchStrategy[Settings]:
+    """The hyperparameters (and, with ``conventions``, the convention settings) a reference
+    declares in its ``SPACE`` and ``CONVENTIONS`` (``harness.algorithms``; ``None``: ``reference.Muon``).
 
+    Shrinks towards the defaults (each setting's first value)."""
+    from harness.algorithms import MUON
 
-def muon_settings(*, conventions: bool = True) -> st.SearchStrategy[tuple[tuple[str, Any], ...]]:
-    """Hyper-parameters and (with ``conventions``) the convention settings of ``reference.Muon``.
-
-    Shrinks towards the defaults (each setting's first option).
-    """
-    fields: dict[str, st.SearchStrategy[Any]] = {
-        "lr": _LRS,
-        "momentum": _MOMENTA,
-        "nesterov": _NESTEROV,
-        "weight_decay": _WEIGHT_DECAYS,
-        "ns_steps": _NS_STEPS,
-    }
+    algorithm = algorithm or MUON
+    fields = {name: _values(name, values) for name, values in algorithm.space.items()}
     if conventions:
-        fields.update(_CONVENTIONS)
+        fields.update({name: _values(name, values) for name, values in algorithm.conventions.items()})
     return st.fixed_dictionaries(fields).map(lambda d: tuple(d.items()))
 
 
+def _values(name: str, values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+    """One setting's values, the first the shrink target; an ``Interval`` is any float in it."""
+    from reference import Interval
+
+    if values == (True, False):
+        return st.booleans().map(operator.not_)
+    if values == (False, True):
+        return st.booleans()
+    plain = st.sampled_from([stored_setting(name, v) for v in values if not isinstance(v, Interval)])
+    ranges = [st.floats(v.lo, v.hi, allow_subnormal=False) for v in values if isinstance(v, Interval)]
+    return st.one_of(plain, *ranges) if ranges else plain
+
+
+def muon_settings(*, conventions: bool = True) -> st.SearchStrategy[Settings]:
+    """``reference.Muon``'s hyperparameters and (with ``conventions``) its convention settings."""
+    return settings_of(None, conventions=conventions)
+
+
 _GRAD_KINDS: st.SearchStrategy[GradKind] = st.sampled_from(["normal", "normal", "zero", "none", "every_other"])
+#: for an algorithm whose state counts steps per parameter (any but Muon, whose draws predate it)
+_COUNTED_GRAD_KINDS: st.SearchStrategy[GradKind] = st.sampled_from(
+    ["normal", "normal", "zero", "none", "every_other", "late"]
+)
 _GRAD_SCALES = st.sampled_from([1.0, 1e-3, 1e3, 1e-8])
 _MODES: st.SearchStrategy[Mode] = st.sampled_from(["all_ranks", "owner_split"])
 _SEEDS = st.integers(0, 2**31 - 1)
@@ -100,17 +111,30 @@ def cases(
     experts: bool = True,
     hsdp: bool = False,
     checkpoint: bool = False,
+    algorithm: Algorithm | None = None,
 ) -> st.SearchStrategy[Case]:
-    """Whole optimizer cases. Shrinks towards one rank, one small square fp32 matrix, one step."""
+    """Whole optimizer cases for ``algorithm`` (``None``: ``reference.Muon``): its settings, and
+    parameters of the kinds it takes (``PARAM_NDIMS``; a hybrid one's AdamW groups, with
+    ``adamw``, take vectors and matrices). Shrinks towards one rank, one small square fp32
+    matrix (a vector for an algorithm that takes no matrix), one step."""
+    from harness.algorithms import MUON
+
     for name, value in (("max_world", max_world), ("max_params", max_params), ("max_steps", max_steps)):
         if value < 1:
             raise ValueError(f"{name}={value} must be at least 1")
+    algorithm = algorithm or MUON
     worlds = st.integers(1, max_world)
     counts = st.integers(1, max_params)
     steps_drawn = st.integers(1, max_steps)
     dtype_drawn = st.sampled_from(dtypes)
-    settings_drawn = muon_settings()
-    muon_shapes = {w: matrix_shapes(max_side=max_side, world_size=w, experts=experts) for w in range(1, max_world + 1)}
+    settings_drawn = settings_of(algorithm)
+    grad_kinds = _GRAD_KINDS if algorithm is MUON else _COUNTED_GRAD_KINDS
+    if algorithm.hybrid:
+        main_shapes = {
+            w: matrix_shapes(max_side=max_side, world_size=w, experts=experts) for w in range(1, max_world + 1)
+        }
+    else:
+        main_shapes = {w: _shapes(algorithm.ndims, max_side, w, experts) for w in range(1, max_world + 1)}
     other_shapes = {
         w: st.one_of(st.tuples(st.integers(1, max_side)), matrix_shapes(max_side=max_side, world_size=w))
         for w in range(1, max_world + 1)
@@ -125,14 +149,14 @@ def cases(
         shards = mesh[-1]
         params = []
         for i in range(draw(counts)):
-            use_muon = i == 0 or not adamw or draw(st.booleans())
+            use_muon = i == 0 or not adamw or not algorithm.hybrid or draw(st.booleans())
             params.append(
                 ParamSpec(
                     name=f"w{i}",
-                    shape=draw(muon_shapes[shards] if use_muon else other_shapes[shards]),
+                    shape=draw(main_shapes[shards] if use_muon else other_shapes[shards]),
                     dtype=draw(dtype_drawn),
                     use_muon=use_muon,
-                    grad=draw(_GRAD_KINDS) if i else "normal",
+                    grad=draw(grad_kinds) if i else "normal",
                     grad_scale=draw(_GRAD_SCALES),
                 )
             )
@@ -143,12 +167,27 @@ def cases(
             world_size=world,
             mesh=mesh,
             steps=steps,
-            mode=draw(_MODES),
+            mode=draw(_MODES) if algorithm.orthogonalizes else None,
             settings=draw(settings_drawn),
             checkpoint_after=draw(st.integers(1, steps - 1)) if checkpoint and steps > 1 else None,
+            reference=algorithm.in_case,
         )
 
     return draw_case()
+
+
+def _shapes(ndims: tuple[int, ...], max_side: int, world: int, experts: bool) -> st.SearchStrategy[tuple[int, ...]]:
+    """Shapes of the kinds an algorithm takes that FSDP2 can shard (1-D to 3-D; 3-D only with
+    ``experts``), matrices first where it takes them: a vector of any length (1, fewer than the
+    ranks, not divisible by them), ``matrix_shapes`` and its stacks."""
+    kinds: list[st.SearchStrategy[tuple[int, ...]]] = []
+    if 2 in ndims or (3 in ndims and experts):
+        kinds.append(matrix_shapes(max_side=max_side, world_size=world, experts=3 in ndims and experts))
+    if 1 in ndims:
+        kinds.append(st.tuples(st.one_of(st.sampled_from([4, 1, world * 3 + 1]), st.integers(1, max_side * 4))))
+    if not kinds:
+        raise ValueError(f"PARAM_NDIMS {ndims}: none of them is a shape FSDP2 can shard (1-D to 3-D)")
+    return st.one_of(*kinds)
 
 
 def norm_tie_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 2) -> st.SearchStrategy[Case]:
@@ -203,7 +242,12 @@ def _buildable(shape: tuple[int, ...], style: Style, tp: int, world: int) -> tup
 
 
 def layout_cases(
-    *, max_world: int = 2, min_world: int = 2, max_params: int = 3, max_steps: int = 3
+    *,
+    max_world: int = 2,
+    min_world: int = 2,
+    max_params: int = 3,
+    max_steps: int = 3,
+    algorithm: Algorithm | None = None,
 ) -> st.SearchStrategy[Case]:
     """Cases laid out as users lay out tensor parallelism: ``tp`` ranks of ``parallelize_module``
     (each matrix ``ColwiseParallel``, ``RowwiseParallel`` or replicated) alone on a 1-D mesh,
@@ -214,8 +258,12 @@ def layout_cases(
     and over ``efsdp`` by rows); with eight, HSDP × TP on a 3-D mesh. Each family is drawn as
     often as the others, then a world size it runs on. Shrinks towards today's layout: pure
     TP on ``min_world`` ranks, colwise, which is ``(Shard(0),)`` on a 1-D mesh (on one rank:
-    FSDP2 alone)."""
+    FSDP2 alone). ``algorithm`` (``None``: ``reference.Muon``) gives the settings drawn."""
+    from harness.algorithms import MUON
+
     _check_bounds("min_world", min_world, "max_world", max_world)
+    algorithm = algorithm or MUON
+    settings_drawn = settings_of(algorithm)
 
     # the family first, then a world size it runs on: every family as often as the others
     families: dict[str, list[tuple[int, int, int, tuple[int, ...]]]] = {}
@@ -241,16 +289,19 @@ def layout_cases(
             world_size=world,
             mesh=mesh,
             steps=draw(st.integers(1, max_steps)),
-            mode=draw(_MODES),
-            settings=draw(muon_settings()),
+            mode=draw(_MODES) if algorithm.orthogonalizes else None,
+            settings=draw(settings_drawn),
             tp=tp,
             ep=ep,
+            reference=algorithm.in_case,
         )
 
     return draw_case()
 
 
-def reshard_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 4) -> st.SearchStrategy[ReshardCase]:
+def reshard_cases(
+    *, max_world: int = 2, max_params: int = 2, max_steps: int = 4, algorithm: Algorithm | None = None
+) -> st.SearchStrategy[ReshardCase]:
     """A checkpoint saved on one layout and world size and loaded on another: each side drawn
     from FSDP2 on 1 to ``max_world`` ranks, pure TP, and (with four ranks) HSDP and FSDP2 × TP.
     Shrinks towards FSDP2 on one rank saved, FSDP2 on two loaded, after the first step."""
@@ -267,7 +318,7 @@ def reshard_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 4
         if sides[0] == sides[1]:
             sides[1] = (2, 1, (2,)) if sides[0] != (2, 1, (2,)) else (1, 1, (1,))
         steps = draw(st.integers(2, max_steps))
-        base = draw(layout_cases(max_world=1, min_world=1, max_params=max_params, max_steps=1))
+        base = draw(layout_cases(max_world=1, min_world=1, max_params=max_params, max_steps=1, algorithm=algorithm))
         params = tuple(p._replace(shape=p.shape[-2:], style=draw(_STYLES)) for p in base.params)
         for w, tp, _ in sides:
             params = tuple(p._replace(shape=_buildable(p.shape, p.style, tp, w)) for p in params)

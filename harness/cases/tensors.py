@@ -30,7 +30,7 @@ def initial_param(spec: ParamSpec, seed: int, index: int) -> Tensor:
 def gradient(spec: ParamSpec, seed: int, index: int, step: int) -> Tensor | None:
     """The gradient of parameter ``index`` on ``step`` (the full tensor: for ``rank_asymmetric``
     the optimizer task keeps it on rank 0 only)."""
-    if spec.grad == "none" or (spec.grad == "every_other" and step % 2 == 1):
+    if spec.grad == "none" or (spec.grad == "every_other" and step % 2 == 1) or (spec.grad == "late" and step == 0):
         return None
     if spec.grad == "zero":
         return torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype))

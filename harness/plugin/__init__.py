@@ -63,6 +63,7 @@ _RESOLVED = pytest.StashKey[bool]()
 _RUNNER = pytest.StashKey[Any]()
 _SKIPS = pytest.StashKey[list[tuple[str, str]]]()
 _IMPL = pytest.StashKey[Any]()
+_ALGORITHM = pytest.StashKey[Any]()
 _KERNEL = pytest.StashKey[Any]()
 _MODEL = pytest.StashKey[Any]()
 _BASELINE = pytest.StashKey[Any]()
@@ -175,7 +176,9 @@ def _says_it_runs_gates(config: pytest.Config) -> bool:
     testpaths) are muongate's gates, in them, or above them."""
     if config.getoption("gate_device") != "auto":
         return True
-    if any(config.getoption(name) is not None for name in ("nproc", "impl", "kernel", "model", "rank_threads")):
+    if any(
+        config.getoption(name) is not None for name in ("nproc", "impl", "reference", "kernel", "model", "rank_threads")
+    ):
         return True
     for arg in config.args:
         name = arg.split("::")[0]
@@ -223,11 +226,11 @@ def _is_gate(item: pytest.Item) -> bool:
 def _choose_profile(config: pytest.Config) -> None:
     """Loads the gates' hypothesis profile, unless the user chose one: ``--hypothesis-profile``
     (hypothesis's plugin loads it), ``MUONGATE_HYPOTHESIS_PROFILE``, or one their conftest
-    loaded; else ``ci``. Also exports the world size that gate modules read at import."""
+    loaded; else ``ci``. Also tells the gate modules the pool's size (``harness.session``)."""
     if config.stash.get(_GATES_SEEN, False):
         return
     config.stash[_GATES_SEEN] = True
-    os.environ["MUONGATE_NPROC"] = str(config.stash[_NPROC])
+    _tell_gates(config)
     current = settings.get_current_profile_name()
     register_gate_ci_profile()  # where hypothesis had loaded its own ci (a CI machine), ours replaces it
     if config.getoption("hypothesis_profile", None):
@@ -241,6 +244,13 @@ def _choose_profile(config: pytest.Config) -> None:
         # Every rank must draw the same examples in the same order: no randomness, no database.
         settings.register_profile("torchrun", settings.default, derandomize=True, database=None)
         settings.load_profile("torchrun")
+
+
+def _tell_gates(config: pytest.Config) -> None:
+    """What the gate modules draw from (``harness.session``): the pool's size and, once resolved, the reference."""
+    from harness.session import GateConfig, configure
+
+    configure(GateConfig(nproc=config.stash[_NPROC], algorithm=config.stash.get(_ALGORITHM, None)))
 
 
 def _load_profile(name: str) -> None:
@@ -274,6 +284,10 @@ def _resolve(config: pytest.Config) -> None:
         return
     config.stash[_DEVICES] = _resolve_device(config, config.stash[_NPROC])
     config.stash[_IMPL] = _impl(config)
+    config.stash[_ALGORITHM] = _algorithm(config)
+    if config.stash[_IMPL] is not None:
+        config.stash[_IMPL] = config.stash[_IMPL].judged_against(config.stash[_ALGORITHM])
+    _tell_gates(config)
     config.stash[_KERNEL] = _kernel(config)
     config.stash[_MODEL] = _model(config)
     config.stash[_RESOLVED] = True
@@ -353,6 +367,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         profile=settings.get_current_profile_name(),
         seed=None if seed is None else str(seed),
         model=config.getoption("model"),
+        reference=config.getoption("reference"),
     )
     runner = GateRunner(
         pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun
@@ -365,6 +380,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             hypothesis_profile=settings.get_current_profile_name(),
             hypothesis_seed=None if seed is None else str(seed),
             impl=impl.spec if impl else "distributed_impl:ShardedMuon",
+            reference=config.stash[_ALGORITHM].spec,
             kernel=kernel.spec if kernel else None,
             against=against,
         )
@@ -384,6 +400,29 @@ def _impl(config: pytest.Config) -> Any:
     from harness.candidates import Impl
 
     return _load_plugin(config, "impl", Impl.load, "MODULE:FACTORY")
+
+
+def _algorithm(config: pytest.Config) -> Any:
+    """The session's reference (``harness.algorithms``): ``--reference``, else the one the
+    ``--impl`` candidate declares, else ``reference.Muon``; a conflict is a usage error."""
+    from harness.algorithms import MUON, Algorithm
+
+    spec, impl = config.getoption("reference"), config.stash[_IMPL]
+    declared = impl.algorithm if impl is not None and impl.declares_reference else None
+    if spec is None:
+        return declared or MUON
+    algorithm = _load_plugin(config, "reference", Algorithm.load, "MODULE:CLASS")
+    if declared is not None and declared.spec != algorithm.spec:
+        raise pytest.UsageError(
+            f"--reference {spec} with --impl {impl.spec}, which declares muongate_reference {declared.spec}: "
+            "drop --reference"
+        )
+    if impl is None and algorithm.in_case is not None:
+        raise pytest.UsageError(
+            f"--reference {spec}: muongate's built-in candidate (distributed_impl:ShardedMuon) is a Muon; name a "
+            f"candidate of {algorithm.name} with --impl, e.g. --impl gates.examples.torch_adam:adamw_for_loop"
+        )
+    return algorithm
 
 
 def _model(config: pytest.Config) -> Any:

@@ -50,6 +50,13 @@ def add_options(parser: pytest.Parser) -> None:
         "(the contract is in harness/candidates/impl.py and the README).",
     )
     group.addoption(
+        "--reference",
+        metavar="MODULE:CLASS",
+        default=None,
+        help="the single-device reference optimizer the candidate is judged against (default: the one the --impl "
+        "candidate declares, else reference:Muon; e.g. reference:AdamW). Its declarations are in harness/algorithms.py.",
+    )
+    group.addoption(
         "--model",
         metavar="MODULE:FACTORY",
         default=None,

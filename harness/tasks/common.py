@@ -16,8 +16,6 @@ from harness.compare import BITWISE, Tier, compare
 from harness.ranks import RankContext
 from reports.records import Comparison
 
-STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
-
 Factory = Callable[..., torch.optim.Optimizer]
 
 
@@ -157,15 +155,26 @@ def compare_params_and_state(
     *,
     step: int,
     rank: int,
+    keys: Sequence[str],
     tier: Tier = BITWISE,
 ) -> list[Comparison]:
-    """For each ``(name, reference parameter, candidate parameter)``: the parameter, then every
-    optimizer state tensor both optimizers hold for it."""
+    """For each ``(name, reference parameter, candidate parameter)``: the parameter, then each
+    state tensor of ``keys`` (the reference's ``STATE``) that both optimizers hold for it. A
+    state of the parameter's shape is compared piece by piece; any other (a 0-d step count)
+    whole, as this rank holds it."""
     out = []
     for name, ref_p, p in pairs:
         out.append(compare_shard(name, step, rank, ref_p.detach(), p.detach(), tier, like=p))
         ref_state, state = ref_opt.state.get(ref_p, {}), opt.state.get(p, {})
-        for key in STATE_KEYS:
-            if key in ref_state and key in state:
-                out.append(compare_shard(f"{name}.{key}", step, rank, ref_state[key], state[key], tier, like=p))
+        for key in keys:
+            ref_value, value = ref_state.get(key), state.get(key)
+            if not (isinstance(ref_value, Tensor) and isinstance(value, Tensor)):
+                continue
+            if ref_value.shape == ref_p.shape:
+                out.append(compare_shard(f"{name}.{key}", step, rank, ref_value, value, tier, like=p))
+            else:
+                whole_value = value.full_tensor() if isinstance(value, DTensor) else value
+                out.append(
+                    compare(ref_value, whole_value.detach(), tensor=f"{name}.{key}", step=step, rank=rank, tier=tier)
+                )
     return out

@@ -13,11 +13,7 @@ no rank raises inside a collective: the verdicts go back to the parent.
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -29,11 +25,13 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import reference
+from harness.algorithms import reference_of
 from harness.candidates.kernel import orthogonalizer
 from harness.cases.case import Case, ParamSpec, ReshardCase
 from harness.cases.tensors import generator, gradient, initial_param, spectrum_matrix
 from harness.compare import compare
 from harness.ranks import RankContext
+from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, remove_checkpoint
 from harness.tasks.common import (
     PIECE,
     compare_params_and_state,
@@ -78,7 +76,11 @@ def case_param(model: nn.Module, name: str) -> Tensor:
 
 
 def _groups(case: Case, params: Sequence[Tensor]) -> list[dict[str, Any]]:
-    return param_groups((s.name, p, s.use_muon) for s, p in zip(case.params, params, strict=True))
+    """A hybrid reference's (Muon's) two groups, or one group of every parameter."""
+    named = [(s.name, p, s.use_muon) for s, p in zip(case.params, params, strict=True)]
+    if reference_of(case).hybrid:
+        return param_groups(named)
+    return [{"params": [p for _, p, _ in named], "param_names": [n for n, _, _ in named]}]
 
 
 def _kernel(case: Case) -> Callable[..., Tensor] | None:
@@ -86,15 +88,20 @@ def _kernel(case: Case) -> Callable[..., Tensor] | None:
     return orthogonalizer(case.kernel) if case.kernel else None
 
 
-def _reference(case: Case, tensors: list[Tensor]) -> reference.Muon:
+def _reference(case: Case, tensors: list[Tensor]) -> torch.optim.Optimizer:
+    """The case's reference (``harness.algorithms``) on plain copies of the full tensors."""
     plain: list[Tensor] = [nn.Parameter(t.clone()) for t in tensors]
-    return reference.Muon(_groups(case, plain), orthogonalize_fn=_kernel(case), **case.settings_dict())
+    kernel = {"orthogonalize_fn": _kernel(case)} if case.kernel else {}
+    return cast(
+        torch.optim.Optimizer, reference_of(case).factory(_groups(case, plain), **kernel, **case.settings_dict())
+    )
 
 
 def _candidate(case: Case, model: nn.Module, factory: Any = None) -> torch.optim.Optimizer:
     params = [case_param(model, s.name) for s in case.params]
     # Every reference setting, defaults included: a plug-in gets the whole configuration.
-    kwargs = {k: v for k, v in {**reference.MUON_DEFAULTS, **case.settings_dict()}.items() if k != "use_muon"}
+    defaults = reference_of(case).defaults
+    kwargs = {k: v for k, v in {**defaults, **case.settings_dict()}.items() if k != "use_muon"}
     if case.mode is not None:
         kwargs["mode"] = case.mode
     if case.kernel:
@@ -246,13 +253,13 @@ def _compare_step(
     case: Case,
     step: int,
     rank: int,
-    ref: reference.Muon,
+    ref: torch.optim.Optimizer,
     ref_by_name: dict[str, Tensor],
     opt: torch.optim.Optimizer,
     model: nn.Module,
 ) -> list[Comparison]:
     pairs = ((s.name, ref_by_name[s.name], case_param(model, s.name)) for s in case.params)
-    return compare_params_and_state(pairs, ref, opt, step=step, rank=rank)
+    return compare_params_and_state(pairs, ref, opt, step=step, rank=rank, keys=reference_of(case).state)
 
 
 def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -289,27 +296,8 @@ def _compare_twin(
     pairs = ((s.name, case_param(twin_model, s.name), case_param(model, s.name)) for s in case.params)
     return [
         dataclasses.replace(c, against="self")
-        for c in compare_params_and_state(pairs, twin_opt, opt, step=step, rank=rank)
+        for c in compare_params_and_state(pairs, twin_opt, opt, step=step, rank=rank, keys=reference_of(case).state)
     ]
-
-
-def _checkpoint_dir(ctx: RankContext) -> str:
-    """One directory for the whole case, named by rank 0: ranks of different torchrun nodes
-    have different parents. Across hosts it must be shared storage (MUONGATE_CHECKPOINT_DIR)."""
-    chosen = [
-        os.path.join(
-            os.environ.get("MUONGATE_CHECKPOINT_DIR", tempfile.gettempdir()), f"muongate-ckpt-{uuid.uuid4().hex}"
-        )
-    ]
-    dist.broadcast_object_list(chosen, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
-    return chosen[0]
-
-
-def _remove_checkpoint(ctx: RankContext, path: str) -> None:
-    """Removes ``_checkpoint_dir``'s directory once every rank of the case is done with it."""
-    dist.barrier(group=ctx.group)
-    if ctx.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _zeros(case: Case, device: str | torch.device) -> list[Tensor]:
@@ -317,44 +305,16 @@ def _zeros(case: Case, device: str | torch.device) -> list[Tensor]:
     return [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=device) for s in case.params]
 
 
-def _dcp_save(model: nn.Module, opt: torch.optim.Optimizer, path: str, group: Any) -> None:
-    """Model and optimizer state through DCP's state-dict API, saved by ``group``'s ranks."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    saved = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-    dcp.save(saved, checkpoint_id=path, process_group=group)
-
-
-def _dcp_load(model: nn.Module, opt: torch.optim.Optimizer, path: str, group: Any) -> None:
-    """What ``_dcp_save`` wrote, loaded into ``model`` and ``opt`` (their own layout) by ``group``'s ranks."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    state: dict[str, Any] = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-    # A parameter that never had a gradient has no optimizer state in the checkpoint, while
-    # DCP's state-dict API initializes state for every parameter of the fresh optimizer.
-    dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True), process_group=group)
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, opt, state["optim"])
-
-
 def _round_trip(
     case: Case, model: nn.Module, opt: torch.optim.Optimizer, mesh: DeviceMesh, ctx: RankContext
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Saves model and optimizer with DCP, loads them into a fresh model and optimizer."""
-    path = _checkpoint_dir(ctx)
-    _dcp_save(model, opt, path, ctx.group)
+    path = checkpoint_dir(ctx)
+    dcp_save(model, opt, path, ctx.group)
     fresh = build_model(case, _zeros(case, ctx.device), mesh)
     fresh_opt = _candidate(case, fresh)
-    _dcp_load(fresh, fresh_opt, path, ctx.group)
-    _remove_checkpoint(ctx, path)
+    dcp_load(fresh, fresh_opt, path, ctx.group)
+    remove_checkpoint(ctx, path)
     return fresh, fresh_opt
 
 
@@ -404,7 +364,7 @@ def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
     ref = _reference(case, tensors)
     ref_by_name = _by_name(ref)
-    path = _checkpoint_dir(ctx)
+    path = checkpoint_dir(ctx)
 
     def on(side: Case, start: list[Tensor]) -> tuple[nn.Module, torch.optim.Optimizer] | None:
         if ctx.rank >= side.world_size:
@@ -429,15 +389,17 @@ def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
         if running is not None:
             running[1].step()
             pairs = ((s.name, ref_by_name[s.name], case_param(running[0], s.name)) for s in case.params)
-            records += compare_params_and_state(pairs, ref, running[1], step=step, rank=ctx.rank)
+            records += compare_params_and_state(
+                pairs, ref, running[1], step=step, rank=ctx.rank, keys=reference_of(case).state
+            )
         if step + 1 == rc.at:
             if running is not None:
-                _dcp_save(*running, path, group(side))
+                dcp_save(*running, path, group(side))
             dist.barrier(group=ctx.group)
             running = on(rc.after, _zeros(case, device))
             if running is not None:
-                _dcp_load(*running, path, group(rc.after))
-    _remove_checkpoint(ctx, path)
+                dcp_load(*running, path, group(rc.after))
+    remove_checkpoint(ctx, path)
     return TaskResult(tuple(records))
 
 
@@ -567,6 +529,6 @@ def run_spectrum_case(ctx: RankContext, case: Case) -> TaskResult:
     return TaskResult(figures={"singular_values": torch.linalg.svdvals(o).tolist()})
 
 
-def _by_name(ref: reference.Muon) -> dict[str, Tensor]:
+def _by_name(ref: torch.optim.Optimizer) -> dict[str, Tensor]:
     """The reference's parameters by case name, as its param groups name them."""
     return {name: p for g in ref.param_groups for name, p in zip(g["param_names"], g["params"], strict=True)}

@@ -149,7 +149,9 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
         opt.step()
         opt.zero_grad()
         pairs = ((name, ref_p, names[name]) for name, ref_p in ref_model.named_parameters())
-        records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank, tier=tier)
+        records += compare_params_and_state(
+            pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference.Muon.STATE, tier=tier
+        )
     held_out.append(spec.evaluate(ref_model, device))
     return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out})
 
@@ -237,7 +239,7 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
             for name, p in twins.items():
                 local_of(p).copy_(local_piece(full[name].detach(), p))
         pairs = ((name, full[name], names[name]) for name in full)
-        records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank)
+        records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference.Muon.STATE)
     return TaskResult(tuple(records))
 
 

@@ -1,0 +1,141 @@
+"""The reference slot: which single-device optimizer a session's candidates are judged against.
+
+A reference is a ``torch.optim.Optimizer`` class on one device (``reference.Muon``, the
+default, or ``reference.AdamW``; ``--reference MODULE:CLASS`` names another) that declares,
+as class attributes, what the gates need to know about its algorithm:
+
+``DEFAULTS``
+    every setting it takes and its default; a candidate is called with all of them.
+``SPACE`` and ``CONVENTIONS``
+    the values the gates draw for each hyperparameter and each convention, the default
+    first (it is what a failing case shrinks towards). A value may be a
+    ``reference.Interval(lo, hi)``, any float in it. ``CONVENTIONS`` are what a candidate
+    fixes by declaring them (``muongate_conventions``).
+``PARAM_NDIMS``
+    the parameters it takes, by number of dimensions (the gates draw those FSDP2 can shard:
+    1-D to 3-D). A reference whose ``DEFAULTS`` has ``use_muon`` is *hybrid*: its
+    ``use_muon=True`` groups take ``PARAM_NDIMS`` and its other groups run AdamW on anything.
+``STATE``
+    the state it keeps per parameter, compared by name with a candidate's.
+
+The gates whose claim holds for any algorithm (one step, several steps, checkpoints,
+resharding, world sizes, robustness, layouts, ``--against self``) draw from these; the
+claims of one algorithm (Newton–Schulz norm ties, the spectrum oracle, the kernel, Gram and
+cause tiers) skip for the others, naming why (``GateRunner.algorithm_claim``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+#: the reference of a session that names none
+DEFAULT_REFERENCE = "reference:Muon"
+_DECLARED = ("DEFAULTS", "SPACE", "CONVENTIONS", "PARAM_NDIMS", "STATE")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A reference optimizer class and what it declares (see the module docstring)."""
+
+    spec: str
+    factory: Any = field(compare=False, repr=False)
+    defaults: Mapping[str, Any] = field(compare=False, repr=False)
+    space: Mapping[str, tuple[Any, ...]] = field(compare=False, repr=False)
+    conventions: Mapping[str, tuple[Any, ...]] = field(compare=False, repr=False)
+    ndims: tuple[int, ...] = ()
+    state: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The class's name: ``Muon``, ``AdamW``."""
+        return str(self.factory.__name__)
+
+    @property
+    def title(self) -> str:
+        """The dotted name a reader knows it by: ``reference.Muon``."""
+        return self.spec.replace(":", ".")
+
+    @property
+    def hybrid(self) -> bool:
+        """Muon-style: ``use_muon`` groups of the algorithm beside AdamW groups for the rest."""
+        return "use_muon" in self.defaults
+
+    @property
+    def orthogonalizes(self) -> bool:
+        """Whether it is Muon (``reference.Muon`` or a subclass): the Newton–Schulz claims are about it."""
+        import reference
+
+        return isinstance(self.factory, type) and issubclass(self.factory, reference.Muon)
+
+    @property
+    def in_case(self) -> Any:
+        """What a ``Case`` carries as its ``reference``: ``None`` for ``reference.Muon``, else the class."""
+        return None if self.factory is MUON.factory else self.factory
+
+    @classmethod
+    def of(cls, factory: Any, spec: str = "") -> Algorithm:
+        """Reads a reference class's declarations; a missing or malformed one is a ``ValueError``
+        naming it and the fix."""
+        module = "reference" if factory.__module__.startswith("reference.") else factory.__module__
+        spec = spec or f"{module}:{factory.__qualname__}"
+        missing = [name for name in _DECLARED if not hasattr(factory, name)]
+        if missing:
+            raise ValueError(
+                f"--reference {spec}: declares no {', '.join(missing)}; a reference class declares "
+                f"{', '.join(_DECLARED)} (see harness/algorithms.py)"
+            )
+        defaults = dict(factory.DEFAULTS)
+        drawn = {**factory.SPACE, **factory.CONVENTIONS}
+        for name, values in drawn.items():
+            if name not in defaults:
+                raise ValueError(f"--reference {spec}: SPACE or CONVENTIONS names {name!r}, which DEFAULTS lacks")
+            if not values:
+                raise ValueError(f"--reference {spec}: {name!r} has no values to draw")
+        ndims = tuple(factory.PARAM_NDIMS)
+        if not ndims or any(n not in (0, 1, 2, 3) for n in ndims):
+            raise ValueError(f"--reference {spec}: PARAM_NDIMS {ndims} must be some of 0, 1, 2, 3")
+        return cls(spec, factory, defaults, dict(factory.SPACE), dict(factory.CONVENTIONS), ndims, tuple(factory.STATE))
+
+    @classmethod
+    def load(cls, spec: str) -> Algorithm:
+        """``MODULE:CLASS`` (``--reference``), imported and read."""
+        from harness.candidates.loading import load_object
+
+        return cls.of(load_object(spec), spec)
+
+    def check(self, settings: Mapping[str, Any]) -> list[str]:
+        """Why the reference cannot take these settings (unknown keys, refused values), or nothing."""
+        import torch
+
+        unknown = sorted(k for k in settings if k not in self.defaults)
+        if unknown:
+            return [f"unknown keys {unknown}"]
+        probe = torch.zeros(2, 2, requires_grad=True)
+        try:
+            self.factory([{"params": [probe], "param_names": ["probe"]}], **settings)
+        except (ValueError, AttributeError, TypeError) as e:
+            return [str(e)]
+        return []
+
+
+def reference_of(case: Any) -> Algorithm:
+    """The algorithm a case is judged against (its ``reference``; ``None`` is ``reference.Muon``)."""
+    factory = getattr(case, "reference", None)
+    return MUON if factory is None else _declared(factory)
+
+
+@cache
+def _declared(factory: Any) -> Algorithm:
+    return Algorithm.of(factory)
+
+
+def _muon() -> Algorithm:
+    import reference
+
+    return Algorithm.of(reference.Muon, DEFAULT_REFERENCE)
+
+
+MUON = _muon()
