@@ -52,7 +52,7 @@ CONTROL_CASES = cases(algorithm=ADAMW, max_world=2, max_steps=3, max_params=2).m
 @pytest.mark.judges(TORCH, "torch.optim.AdamW")
 @pytest.mark.parametrize("factory", [torch_adam.adamw_for_loop], ids=lambda f: f.__name__)
 @given(case=drawn(lambda s: cases(algorithm=ADAMW, max_world=s.nproc, max_steps=4, checkpoint=True)))
-@settings(max_examples=max(5, settings().max_examples // 2))
+@settings(max_examples=max(5, settings().max_examples // 4))
 def test_torch_adam_on_fsdp2_matches_reference_adamw_bitwise(gate_runner: Any, factory: Any, case: Case) -> None:
     impl = Impl.load(f"{factory.__module__}:{factory.__name__}")
     gate_runner.check(f"adamw:{factory.__name__}", impl.adapt(case, gate_config().nproc))

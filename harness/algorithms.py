@@ -33,6 +33,8 @@ from typing import Any
 
 #: the reference of a session that names none
 DEFAULT_REFERENCE = "reference:Muon"
+#: ``--reference none``
+NONE = "none"
 _DECLARED = ("DEFAULTS", "SPACE", "CONVENTIONS", "PARAM_NDIMS", "STATE")
 
 
@@ -46,17 +48,18 @@ class Algorithm:
     space: Mapping[str, tuple[Any, ...]] = field(compare=False, repr=False)
     conventions: Mapping[str, tuple[Any, ...]] = field(compare=False, repr=False)
     ndims: tuple[int, ...] = ()
-    state: tuple[str, ...] = ()
+    #: the state compared by name; ``None``: every state tensor both sides hold (``--reference none``)
+    state: tuple[str, ...] | None = ()
 
     @property
     def name(self) -> str:
-        """The class's name: ``Muon``, ``AdamW``."""
-        return str(self.factory.__name__)
+        """The class's name: ``Muon``, ``AdamW``; ``none`` for no reference."""
+        return NONE if self.factory is None else str(self.factory.__name__)
 
     @property
     def title(self) -> str:
         """The dotted name a reader knows it by: ``reference.Muon``."""
-        return self.spec.replace(":", ".")
+        return "no reference (--reference none)" if self.factory is None else self.spec.replace(":", ".")
 
     @property
     def hybrid(self) -> bool:
@@ -72,7 +75,10 @@ class Algorithm:
 
     @property
     def in_case(self) -> Any:
-        """What a ``Case`` carries as its ``reference``: ``None`` for ``reference.Muon``, else the class."""
+        """What a ``Case`` carries as its ``reference``: ``None`` for ``reference.Muon``, ``"none"`` for
+        no reference, else the class."""
+        if self.factory is None:
+            return NONE
         return None if self.factory is MUON.factory else self.factory
 
     @classmethod
@@ -101,15 +107,19 @@ class Algorithm:
 
     @classmethod
     def load(cls, spec: str) -> Algorithm:
-        """``MODULE:CLASS`` (``--reference``), imported and read."""
+        """``MODULE:CLASS`` (``--reference``), imported and read; ``none`` is ``NO_REFERENCE``."""
         from harness.candidates.loading import load_object
 
+        if spec == NONE:
+            return NO_REFERENCE
         return cls.of(load_object(spec), spec)
 
     def check(self, settings: Mapping[str, Any]) -> list[str]:
         """Why the reference cannot take these settings (unknown keys, refused values), or nothing."""
         import torch
 
+        if self.factory is None:
+            return []
         unknown = sorted(k for k in settings if k not in self.defaults)
         if unknown:
             return [f"unknown keys {unknown}"]
@@ -124,7 +134,9 @@ class Algorithm:
 def reference_of(case: Any) -> Algorithm:
     """The algorithm a case is judged against (its ``reference``; ``None`` is ``reference.Muon``)."""
     factory = getattr(case, "reference", None)
-    return MUON if factory is None else _declared(factory)
+    if factory is None:
+        return MUON
+    return NO_REFERENCE if factory == NONE else _declared(factory)
 
 
 @cache
@@ -139,3 +151,7 @@ def _muon() -> Algorithm:
 
 
 MUON = _muon()
+#: ``--reference none``: no reference at all, for any ``torch.optim.Optimizer`` judged against its
+#: own single-device self only (``--against self``): no settings drawn (the optimizer's own
+#: defaults), parameters of 1 to 3 dimensions, every state tensor compared
+NO_REFERENCE = Algorithm(NONE, None, {}, {}, {}, (1, 2, 3), None)

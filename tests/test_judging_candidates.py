@@ -12,6 +12,7 @@ import pytest
 
 from harness.candidates import Impl, UnsupportedConvention
 from harness.cases import Case, ParamSpec
+from reference import AdamW
 
 RAISING = """
 import torch
@@ -175,7 +176,7 @@ def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None
     changed: dict[str, Any] = {
         "seed": 3, "world_size": 2, "mesh": (2, 1), "steps": 2, "mode": "owner_split",
         "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True, "tp": 2, "ep": 2,
-        "candidate": Impl,
+        "candidate": Impl, "reference": AdamW,
     }  # fmt: skip
     shown = {f.name for f in dataclasses.fields(Case) if f.compare} - {"params"}
     assert shown == set(changed), "a new Case field needs a place in describe()"

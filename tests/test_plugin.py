@@ -64,6 +64,24 @@ BAD_OPTIONS = [
     (["--impl", "nowhere:muon"], {}, "ERROR: --impl nowhere:muon: No module named 'nowhere'; expected MODULE:FACTORY*"),
     (["--kernel", "reference"], {}, "ERROR: --kernel reference: 'reference' is not of the form MODULE:NAME*"),
     (["--gate-baseline", "missing.json"], {}, "ERROR: --gate-baseline missing.json: *expected the figures.json*"),
+    (
+        ["--reference", "reference:AdamW"],
+        {},
+        "ERROR: --reference reference:AdamW: muongate's built-in candidate *is a Muon*",
+    ),
+    (["--reference", "reference:muon_update"], {}, "ERROR: --reference reference:muon_update: *"),
+    (["--reference", "reference:apply_update"], {}, "ERROR: --reference reference:apply_update: declares no DEFAULTS*"),
+    (
+        ["--reference", "none", "--impl", "torch.optim:AdamW"],
+        {},
+        "ERROR: --reference none judges a candidate against itself on one device only: add *--against self",
+    ),
+    (
+        ["--reference", "reference:Muon", "--impl", "gates.examples.torch_adam:adamw_for_loop"],
+        {},
+        "ERROR: --reference reference:Muon with --impl gates.examples.torch_adam:adamw_for_loop, which declares "
+        "muongate_reference reference:AdamW: drop --reference",
+    ),
 ]
 
 

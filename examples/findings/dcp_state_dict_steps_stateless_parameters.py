@@ -43,8 +43,10 @@ def main() -> int:
     dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
     set_optimizer_state_dict(fresh_model, fresh, state["optim"])
     later = fresh.state.get(fresh_model[1].weight, {})
-    print(f"torch {torch.__version__}: a parameter with no state at the checkpoint has state {sorted(later)} "
-          f"on resume, step {later.get('step')}")
+    print(
+        f"torch {torch.__version__}: a parameter with no state at the checkpoint has state {sorted(later)} "
+        f"on resume, step {later.get('step')}"
+    )
     return 1 if later else 0
 
 

@@ -158,7 +158,9 @@ class Case:
             parts.append(str(self.mode))
         parts += brief_settings(self.settings, self.reference)
         if self.reference is not None:
-            parts.append(f"reference {self.reference.__name__}")
+            from harness.algorithms import reference_of
+
+            parts.append(f"reference {reference_of(self).name}")
         if self.checkpoint_after is not None:
             parts.append(f"checkpoint after step {self.checkpoint_after}")
         if self.candidate is not None:

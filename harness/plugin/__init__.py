@@ -405,13 +405,20 @@ def _impl(config: pytest.Config) -> Any:
 def _algorithm(config: pytest.Config) -> Any:
     """The session's reference (``harness.algorithms``): ``--reference``, else the one the
     ``--impl`` candidate declares, else ``reference.Muon``; a conflict is a usage error."""
-    from harness.algorithms import MUON, Algorithm
+    from harness.algorithms import MUON, NO_REFERENCE, Algorithm
 
     spec, impl = config.getoption("reference"), config.stash[_IMPL]
     declared = impl.algorithm if impl is not None and impl.declares_reference else None
     if spec is None:
         return declared or MUON
     algorithm = _load_plugin(config, "reference", Algorithm.load, "MODULE:CLASS")
+    if algorithm is NO_REFERENCE:
+        if impl is None or config.getoption("against") != "self":
+            raise pytest.UsageError(
+                "--reference none judges a candidate against itself on one device only: "
+                "add --impl MODULE:FACTORY --against self"
+            )
+        return algorithm
     if declared is not None and declared.spec != algorithm.spec:
         raise pytest.UsageError(
             f"--reference {spec} with --impl {impl.spec}, which declares muongate_reference {declared.spec}: "

@@ -54,7 +54,8 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="MODULE:CLASS",
         default=None,
         help="the single-device reference optimizer the candidate is judged against (default: the one the --impl "
-        "candidate declares, else reference:Muon; e.g. reference:AdamW). Its declarations are in harness/algorithms.py.",
+        "candidate declares, else reference:Muon; e.g. reference:AdamW), or none: any torch.optim.Optimizer judged "
+        "against itself on one device only (with --against self). Its declarations are in harness/algorithms.py.",
     )
     group.addoption(
         "--model",

@@ -155,18 +155,19 @@ def compare_params_and_state(
     *,
     step: int,
     rank: int,
-    keys: Sequence[str],
+    keys: Sequence[str] | None,
     tier: Tier = BITWISE,
 ) -> list[Comparison]:
     """For each ``(name, reference parameter, candidate parameter)``: the parameter, then each
-    state tensor of ``keys`` (the reference's ``STATE``) that both optimizers hold for it. A
+    state tensor of ``keys`` (the reference's ``STATE``; ``None``: every one) that both
+    optimizers hold for it. A
     state of the parameter's shape is compared piece by piece; any other (a 0-d step count)
     whole, as this rank holds it."""
     out = []
     for name, ref_p, p in pairs:
         out.append(compare_shard(name, step, rank, ref_p.detach(), p.detach(), tier, like=p))
         ref_state, state = ref_opt.state.get(ref_p, {}), opt.state.get(p, {})
-        for key in keys:
+        for key in sorted(set(ref_state) & set(state)) if keys is None else keys:
             ref_value, value = ref_state.get(key), state.get(key)
             if not (isinstance(ref_value, Tensor) and isinstance(value, Tensor)):
                 continue

@@ -258,6 +258,9 @@ def _compare_step(
     opt: torch.optim.Optimizer,
     model: nn.Module,
 ) -> list[Comparison]:
+    """This rank's pieces against the reference's (none under ``--reference none``)."""
+    if reference_of(case).factory is None:
+        return []
     pairs = ((s.name, ref_by_name[s.name], case_param(model, s.name)) for s in case.params)
     return compare_params_and_state(pairs, ref, opt, step=step, rank=rank, keys=reference_of(case).state)
 
