@@ -20,7 +20,7 @@ mesh ``distributed_impl.mesh_split``'s. This module owns only the order of the s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, cast, get_args
+from typing import Any, ClassVar, Literal, cast, get_args
 
 import torch
 import torch.distributed as dist
@@ -63,8 +63,9 @@ class ShardedMuon(Muon):
     Settings, validation and checkpoint loading are the reference's own.
     """
 
-    #: what it declares when it is itself the ``--impl`` candidate (every layout family)
-    muongate_layouts = frozenset({"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"})
+    #: what it declares when it is itself the ``--impl`` candidate (every layout family): the
+    #: fields of ``harness.candidates.Candidate`` as a dict, since this package imports no harness
+    muongate: ClassVar[dict[str, Any]] = {"layouts": {"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"}}
 
     def __init__(
         self,

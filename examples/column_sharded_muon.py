@@ -1,10 +1,10 @@
 """A Muon that shards the model itself, by columns, into plain tensors: the bring-your-own
 sharding contract at work (``--impl examples.column_sharded_muon:column_sharded_muon``).
 
-``muongate_shard(module, mesh)`` replaces every parameter with this rank's block of
+``shard(module, mesh)`` (its ``Candidate``) replaces every parameter with this rank's block of
 columns (``torch.tensor_split`` of the last dim over the mesh's ranks, so blocks may be
 uneven or empty) as a plain ``nn.Parameter``, with no DTensor to describe it;
-``muongate_piece(name, param)`` tells the harness which slices of the full tensor the
+``piece(name, param)`` tells the harness which slices of the full tensor the
 block is. The optimizer keeps its momentum on the blocks, gathers each matrix's blocks
 with ``all_gather`` (padded to the widest block), orthogonalizes the whole matrix with
 ``reference.orthogonalize`` on every rank, and keeps its own columns; a rank without a
@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 import reference
 from examples.full_copies import gradient_somewhere
+from harness.candidates import Candidate
 
 
 def _columns(cols: int, ranks: int, rank: int) -> tuple[int, int]:
@@ -123,6 +124,8 @@ def column_sharded_muon_wrong_piece(param_groups: list[dict[str, Any]], **settin
 
 
 for _factory, _reader in ((column_sharded_muon, columns_piece), (column_sharded_muon_wrong_piece, neighbours_piece)):
-    _factory.muongate_shard = shard_by_columns  # type: ignore[attr-defined]
-    _factory.muongate_piece = _reader  # type: ignore[attr-defined]
-    _factory.muongate_features = {"adamw", "experts", "bf16"}  # type: ignore[attr-defined]
+    Candidate(
+        shard=shard_by_columns,
+        piece=_reader,
+        features={"adamw", "experts", "bf16"},
+    )(_factory)

@@ -23,6 +23,8 @@ from typing import Any
 
 from dtensor_muon import Muon
 
+from harness.candidates import Candidate
+
 
 def dtensor_muon(param_groups: list[dict[str, Any]], **settings: Any) -> Muon:
     groups = []
@@ -45,16 +47,18 @@ def dtensor_muon(param_groups: list[dict[str, Any]], **settings: Any) -> Muon:
     )
 
 
-dtensor_muon.muongate_conventions = {  # type: ignore[attr-defined]
-    "momentum_form": "sum",
-    "eps_form": "add",
-    "eps": 1e-7,
-    "ns_coefficients": "keller",
-    "ns_dtype": "bfloat16",
-    "adjust_lr_fn": "original",
-}
-dtensor_muon.muongate_features = {"adamw", "experts", "bf16"}  # type: ignore[attr-defined]
-dtensor_muon.muongate_layouts = {"hsdp", "tp", "fsdp_tp", "hsdp_tp"}  # type: ignore[attr-defined]
-dtensor_muon.muongate_devices = {"cuda"}  # type: ignore[attr-defined]
-dtensor_muon.muongate_package = "dtensor-muon"  # type: ignore[attr-defined]
-dtensor_muon.muongate_differences = {"plain_quintic"}  # type: ignore[attr-defined]
+Candidate(
+    conventions={
+        "momentum_form": "sum",
+        "eps_form": "add",
+        "eps": 1e-7,
+        "ns_coefficients": "keller",
+        "ns_dtype": "bfloat16",
+        "adjust_lr_fn": "original",
+    },
+    features={"adamw", "experts", "bf16"},
+    layouts={"hsdp", "tp", "fsdp_tp", "hsdp_tp"},
+    devices={"cuda"},
+    package="dtensor-muon",
+    differences={"plain_quintic"},
+)(dtensor_muon)

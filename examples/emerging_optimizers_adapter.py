@@ -14,7 +14,7 @@ column-parallel weight, 1 for a row-parallel one), with ``tensor_model_parallel`
 the blocks with the norm and each Gram matrix all-reduced (``distributed``). Its caller is the
 package's ``OrthogonalizedOptimizer`` with ``orthogonalize`` overridden, as Megatron-Core's
 ``TensorParallelMuon`` does (the lr scale from the full shape, the pieces' process group
-handed in), so the adapter builds that, bring-your-own sharding (``muongate_shard``):
+handed in), so the adapter builds that, bring-your-own sharding (``Candidate.shard``):
 
 * every 2-D parameter is split as Megatron splits it, evenly: column-parallel (rows) for the
   first, third … parameter and row-parallel (columns) for the others, whichever of the two
@@ -38,6 +38,7 @@ has Python 3.11, so it runs on the GPU machine's Python 3.12.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 import torch
@@ -48,6 +49,7 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from examples.full_copies import LAYOUTS, FullCopies, gradient_somewhere
+from harness.candidates import Candidate, declaration_of
 
 
 def _muon(groups: list[dict[str, Any]], settings: dict[str, Any]) -> Muon:
@@ -151,22 +153,21 @@ def muon_tp_distributed(param_groups: list[dict[str, Any]], **settings: Any) -> 
     return _tensor_parallel(param_groups, settings, "distributed")
 
 
-muon.muongate_conventions = {  # type: ignore[attr-defined]
-    "momentum_form": "ema",
-    "eps_form": "clamp",
-    "eps": 1e-7,
-    "ns_coefficients": "keller",
-    "ns_dtype": "bfloat16",
-    "adjust_lr_fn": "original",
-}
-muon.muongate_features = set()  # type: ignore[attr-defined]
-muon.muongate_layouts = LAYOUTS  # type: ignore[attr-defined]
-muon.muongate_differences = {"scaled_update", "fp32_normalize"}  # type: ignore[attr-defined]
-muon.muongate_single_device = muon_single_device  # type: ignore[attr-defined]
-muon.muongate_min_ns_steps = 1  # type: ignore[attr-defined]  # ValueError: num_ns_steps must be at least 1
-muon.muongate_package = "emerging-optimizers"  # type: ignore[attr-defined]
+Candidate(
+    conventions={
+        "momentum_form": "ema",
+        "eps_form": "clamp",
+        "eps": 1e-7,
+        "ns_coefficients": "keller",
+        "ns_dtype": "bfloat16",
+        "adjust_lr_fn": "original",
+    },
+    features=set(),
+    layouts=LAYOUTS,
+    differences={"scaled_update", "fp32_normalize"},
+    single_device=muon_single_device,
+    min_ns_steps=1,  # it raises "num_ns_steps must be at least 1"
+    package="emerging-optimizers",
+)(muon)
 for _factory in (muon_tp, muon_tp_distributed):
-    for _declared in ("conventions", "features", "differences", "single_device", "package", "min_ns_steps"):
-        setattr(_factory, f"muongate_{_declared}", getattr(muon, f"muongate_{_declared}"))
-    _factory.muongate_shard = shard_like_megatron  # type: ignore[attr-defined]
-    _factory.muongate_piece = megatron_piece  # type: ignore[attr-defined]
+    dataclasses.replace(declaration_of(muon), layouts=(), shard=shard_like_megatron, piece=megatron_piece)(_factory)

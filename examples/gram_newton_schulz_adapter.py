@@ -27,6 +27,7 @@ import functools
 from gram_newton_schulz import GramNewtonSchulz
 from torch import Tensor
 
+from harness.candidates import Candidate
 from reference.muon import KELLER_COEFFICIENTS
 
 
@@ -41,5 +42,7 @@ def gram_newton_schulz(matrix: Tensor, steps: int) -> Tensor:
     return _orthogonalizer(steps)(matrix)
 
 
-gram_newton_schulz.muongate_conventions = {"ns_coefficients": "keller", "eps_form": "add", "eps": 1e-7}  # type: ignore[attr-defined]
-gram_newton_schulz.muongate_package = "gram-newton-schulz"  # type: ignore[attr-defined]
+Candidate(
+    conventions={"ns_coefficients": "keller", "eps_form": "add", "eps": 1e-7},
+    package="gram-newton-schulz",
+)(gram_newton_schulz)

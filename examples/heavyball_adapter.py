@@ -23,6 +23,7 @@ from typing import Any
 import heavyball
 
 from examples.full_copies import LAYOUTS, FullCopies
+from harness.candidates import Candidate
 
 
 def heavyball_muon(param_groups: list[dict[str, Any]], **settings: Any) -> FullCopies:
@@ -36,11 +37,13 @@ def heavyball_muon(param_groups: list[dict[str, Any]], **settings: Any) -> FullC
     return FullCopies(param_groups, build)
 
 
-heavyball_muon.muongate_conventions = {  # type: ignore[attr-defined]
-    "ns_input_rounding": "stochastic_bf16",
-    "ns_schedule": "modded_nanogpt_quintic_5",
-    "nesterov_form": "grad_plus_ema",
-}
-heavyball_muon.muongate_features = set()  # type: ignore[attr-defined]
-heavyball_muon.muongate_layouts = LAYOUTS  # type: ignore[attr-defined]
-heavyball_muon.muongate_package = "heavyball"  # type: ignore[attr-defined]
+Candidate(
+    conventions={
+        "ns_input_rounding": "stochastic_bf16",
+        "ns_schedule": "modded_nanogpt_quintic_5",
+        "nesterov_form": "grad_plus_ema",
+    },
+    features=set(),
+    layouts=LAYOUTS,
+    package="heavyball",
+)(heavyball_muon)

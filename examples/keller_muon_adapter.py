@@ -25,6 +25,7 @@ from typing import Any
 from muon import MuonWithAuxAdam, SingleDeviceMuonWithAuxAdam
 
 from examples.full_copies import LAYOUTS, FullCopies
+from harness.candidates import Candidate
 
 
 def _groups(param_groups: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
@@ -49,19 +50,21 @@ def keller_muon_single_device(param_groups: list[dict[str, Any]], **settings: An
     return SingleDeviceMuonWithAuxAdam(_groups(param_groups, settings))
 
 
-keller_muon.muongate_conventions = {  # type: ignore[attr-defined]
-    "momentum_form": "ema",
-    "nesterov": True,
-    "ns_steps": 5,
-    "eps_form": "add",
-    "eps": 1e-7,
-    "ns_coefficients": "keller",
-    "ns_dtype": "bfloat16",
-    "adjust_lr_fn": "original",
-}
-keller_muon.muongate_features = set()  # type: ignore[attr-defined]
-keller_muon.muongate_layouts = LAYOUTS  # type: ignore[attr-defined]
-keller_muon.muongate_single_device = keller_muon_single_device  # type: ignore[attr-defined]
-keller_muon.muongate_package = "muon-optimizer"  # type: ignore[attr-defined]
-keller_muon.muongate_default_group = True  # type: ignore[attr-defined]
-keller_muon.muongate_differences = {"plain_quintic", "scaled_update"}  # type: ignore[attr-defined]
+Candidate(
+    conventions={
+        "momentum_form": "ema",
+        "nesterov": True,
+        "ns_steps": 5,
+        "eps_form": "add",
+        "eps": 1e-7,
+        "ns_coefficients": "keller",
+        "ns_dtype": "bfloat16",
+        "adjust_lr_fn": "original",
+    },
+    features=set(),
+    layouts=LAYOUTS,
+    single_device=keller_muon_single_device,
+    package="muon-optimizer",
+    default_group=True,
+    differences={"plain_quintic", "scaled_update"},
+)(keller_muon)

@@ -22,6 +22,8 @@ from typing import Any
 
 from muon_fsdp2 import Muon
 
+from harness.candidates import Candidate
+
 
 def muon_fsdp2(param_groups: list[dict[str, Any]], **settings: Any) -> Muon:
     groups = []
@@ -53,14 +55,16 @@ def muon_fsdp2(param_groups: list[dict[str, Any]], **settings: Any) -> Muon:
     return Muon(groups)
 
 
-muon_fsdp2.muongate_conventions = {  # type: ignore[attr-defined]
-    "momentum_form": "ema",
-    "eps_form": "add",
-    "eps": 1e-7,
-    "ns_coefficients": "keller",
-    "ns_dtype": "bfloat16",
-    "adjust_lr_fn": "match_rms_adamw",
-}
-muon_fsdp2.muongate_features = {"adamw"}  # type: ignore[attr-defined]
-muon_fsdp2.muongate_package = "muon-fsdp2"  # type: ignore[attr-defined]
-muon_fsdp2.muongate_differences = {"plain_quintic", "scaled_update"}  # type: ignore[attr-defined]
+Candidate(
+    conventions={
+        "momentum_form": "ema",
+        "eps_form": "add",
+        "eps": 1e-7,
+        "ns_coefficients": "keller",
+        "ns_dtype": "bfloat16",
+        "adjust_lr_fn": "match_rms_adamw",
+    },
+    features={"adamw"},
+    package="muon-fsdp2",
+    differences={"plain_quintic", "scaled_update"},
+)(muon_fsdp2)

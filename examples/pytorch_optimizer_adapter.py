@@ -27,6 +27,7 @@ from typing import Any
 from pytorch_optimizer import DistributedMuon, Muon
 
 from examples.full_copies import LAYOUTS, FullCopies
+from harness.candidates import Candidate
 
 
 def _groups(param_groups: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
@@ -59,9 +60,13 @@ CONVENTIONS = {
     "adjust_lr_fn": "original",
 }
 for _factory in (muon, distributed_muon):
-    _factory.muongate_conventions = CONVENTIONS  # type: ignore[attr-defined]
-    _factory.muongate_features = {"adamw"}  # type: ignore[attr-defined]
-    _factory.muongate_layouts = LAYOUTS  # type: ignore[attr-defined]
-    _factory.muongate_package = "pytorch-optimizer"  # type: ignore[attr-defined]
-distributed_muon.muongate_single_device = muon  # type: ignore[attr-defined]
-distributed_muon.muongate_default_group = True  # type: ignore[attr-defined]
+    Candidate(
+        conventions=CONVENTIONS,
+        features={"adamw"},
+        layouts=LAYOUTS,
+        package="pytorch-optimizer",
+    )(_factory)
+Candidate(
+    single_device=muon,
+    default_group=True,
+)(distributed_muon)

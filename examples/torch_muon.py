@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from examples.full_copies import LAYOUTS, FullCopies
+from harness.candidates import Candidate
 
 
 def _inner(groups: list[dict[str, Any]], settings: dict[str, Any]) -> list[torch.optim.Optimizer]:
@@ -55,14 +56,16 @@ def torch_muon(param_groups: list[dict[str, Any]], **settings: Any) -> torch.opt
     return FullCopies(param_groups, lambda groups: _inner(groups, settings))
 
 
-torch_muon.muongate_conventions = {  # type: ignore[attr-defined]
-    "momentum_form": "ema",
-    "eps_form": "clamp",
-    "eps": 1e-7,
-    "ns_coefficients": "keller",
-    "ns_dtype": "bfloat16",
-    "adjust_lr_fn": "original",
-}
-torch_muon.muongate_features = {"adamw"}  # type: ignore[attr-defined]
-torch_muon.muongate_layouts = LAYOUTS  # type: ignore[attr-defined]
-torch_muon.muongate_package = "torch"  # type: ignore[attr-defined]
+Candidate(
+    conventions={
+        "momentum_form": "ema",
+        "eps_form": "clamp",
+        "eps": 1e-7,
+        "ns_coefficients": "keller",
+        "ns_dtype": "bfloat16",
+        "adjust_lr_fn": "original",
+    },
+    features={"adamw"},
+    layouts=LAYOUTS,
+    package="torch",
+)(torch_muon)

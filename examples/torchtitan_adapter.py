@@ -1,6 +1,6 @@
 """torchtitan 0.3.0's ``DistMuon`` (``torchtitan.distributed.flex_shard``; ``pip install
 --no-deps torchtitan==0.3.0``) through the gates: ``--impl examples.torchtitan_adapter:dist_muon``.
-The example of bring-your-own sharding (``muongate_shard``).
+The example of bring-your-own sharding (``Candidate.shard``).
 
 torchtitan lays a model out itself and names its mesh axes (``dp_shard`` for FSDP), and
 ``DistMuon`` is configured by those names: a ``ComputeLayout`` per parameter FQN says how
@@ -40,6 +40,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
+
+from harness.candidates import Candidate
 
 
 def _flex_shard() -> types.ModuleType:
@@ -83,14 +85,16 @@ def dist_muon(param_groups: list[dict[str, Any]], **settings: Any) -> Any:
     )
 
 
-dist_muon.muongate_shard = shard_as_torchtitan  # type: ignore[attr-defined]
-dist_muon.muongate_conventions = {  # type: ignore[attr-defined]
-    "momentum_form": "ema",
-    "eps_form": "clamp",
-    "ns_coefficients": "keller",
-    "ns_dtype": "bfloat16",
-    "adjust_lr_fn": "original",
-}
-dist_muon.muongate_features = {"experts", "fully_shard"}  # type: ignore[attr-defined]
-dist_muon.muongate_devices = {"cuda"}  # type: ignore[attr-defined]
-dist_muon.muongate_package = "torchtitan"  # type: ignore[attr-defined]
+Candidate(
+    shard=shard_as_torchtitan,
+    conventions={
+        "momentum_form": "ema",
+        "eps_form": "clamp",
+        "ns_coefficients": "keller",
+        "ns_dtype": "bfloat16",
+        "adjust_lr_fn": "original",
+    },
+    features={"experts", "fully_shard"},
+    devices={"cuda"},
+    package="torchtitan",
+)(dist_muon)

@@ -36,13 +36,17 @@ TORCH = "torch.optim.AdamW and Adam (for-loop) on FSDP2 (gates/examples/torch_ad
 
 
 def _shard_invariant(case: Case) -> Case:
-    """The case with float32 state where L2 decay meets a bf16 parameter: there torch's CPU bf16
-    ``add(alpha=…)``, which the reference runs, rounds by an element's place in its piece
-    (``examples/findings/torch_adam_l2_bf16_shard_bits.py``), so no sharded AdamW of that
-    arithmetic is bitwise, and the controls would test torch's kernel instead of the gates."""
+    """The case without the two settings where torch's CPU kernels, which the reference runs, give
+    an element other bits by its place in its piece, so that no sharded AdamW of that arithmetic is
+    bitwise and the controls would test torch's kernels instead of the gates: float32 state where
+    L2 decay meets a bf16 parameter (bf16 ``add(alpha=…)``,
+    ``examples/findings/torch_adam_l2_bf16_shard_bits.py``), and no ``maximize`` beside a zero
+    gradient (``lerp_`` towards ``-0.0``, ``examples/findings/torch_cpu_lerp_signed_zero.py``)."""
     settings = dict(case.settings)
     if settings.get("weight_decay_form") == "l2" and any(p.dtype == "bfloat16" for p in case.params):
         settings["state_dtype"] = "float32"
+    if any(p.grad == "zero" for p in case.params):
+        settings["maximize"] = False
     return replace(case, settings=tuple(settings.items()))
 
 

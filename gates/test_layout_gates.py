@@ -89,7 +89,7 @@ def test_gram_partial_update_stays_in_its_calibrated_tier(gate_runner: Any, case
 
 @given(case=_rowwise_cases(None))
 def test_a_candidate_declaring_the_gram_partial_tier_stays_in_it(gate_runner: Any, case: Case) -> None:
-    """The same claim about an ``--impl`` candidate that declares ``muongate_tiers =
+    """The same claim about an ``--impl`` candidate that declares ``tiers =
     {"gram_partial"}`` (and the ``tp`` layout); on the candidate's declared conventions."""
     if gate_runner.impl is None:
         pytest.skip("tier:gram_partial: judges an --impl candidate that declares it; ShardedMuon is bitwise")

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
-from harness.cases import Case, ParamSpec, cases, norm_tie_cases
+from harness.cases import Case, ParamSpec, cases, norm_tie_cases, session_cases
 from harness.cases.case import DType
 from harness.causes import FAMILIES, NotSeparable, cause_tier, shape_in
 from harness.session import drawn, gate_config
@@ -41,17 +41,13 @@ def test_gathered_matrix_orthogonalizes_to_reference_rows_bitwise(gate_runner: A
     gate_runner.check("orthogonalize_gathered", case, task="orthogonalize")
 
 
-@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=1, max_params=1, adamw=False, algorithm=s.algorithm)))
+@given(case=drawn(lambda s: session_cases(s, max_world=s.nproc, max_steps=1, max_params=1, adamw=False)))
 def test_one_sharded_step_matches_reference_bitwise(gate_runner: Any, case: Case) -> None:
     gate_runner.check("one_step", case)
 
 
 @given(
-    case=drawn(
-        lambda s: cases(
-            max_world=s.nproc, max_steps=5, max_params=2, adamw=False, hsdp=s.nproc >= 4, algorithm=s.algorithm
-        )
-    )
+    case=drawn(lambda s: session_cases(s, max_world=s.nproc, max_steps=5, max_params=2, adamw=False, hsdp=s.nproc >= 4))
 )
 def test_several_steps_with_momentum_nesterov_and_weight_decay_match_reference_bitwise(
     gate_runner: Any, case: Case
@@ -68,7 +64,7 @@ def test_hybrid_muon_and_adamw_groups_match_reference_bitwise(gate_runner: Any, 
 
 @given(
     case=drawn(
-        lambda s: cases(max_world=s.nproc, max_steps=4, max_params=3, checkpoint=True, algorithm=s.algorithm).filter(
+        lambda s: session_cases(s, max_world=s.nproc, max_steps=4, max_params=3, checkpoint=True).filter(
             lambda c: c.checkpoint_after
         )
     )
@@ -78,7 +74,10 @@ def test_checkpoint_round_trip_continues_bitwise(gate_runner: Any, case: Case) -
     gate_runner.check("checkpoint", case)
 
 
-@given(case=drawn(lambda s: cases(max_world=1, max_steps=3, max_params=2, algorithm=s.algorithm)), data=st.data())
+@given(
+    case=drawn(lambda s: session_cases(s, max_world=1, max_steps=3, max_params=2)),
+    data=st.data(),
+)
 def test_every_world_size_gives_the_reference_bits(gate_runner: Any, case: Case, data: Any) -> None:
     # Each world size is compared with the same reference, so equal verdicts mean equal bits
     # across world sizes; the per-world records in the report show each one.
@@ -274,12 +273,12 @@ def _cause_cases(draw: st.DrawFn, impl: Any, device: str) -> Case:
 def test_a_candidate_with_a_declared_difference_stays_within_what_its_causes_explain(
     gate_runner: Any, data: st.DataObject
 ) -> None:
-    """A candidate that declares why its arithmetic differs (``muongate_differences``) fails
+    """A candidate that declares why its arithmetic differs (``Candidate.differences``) fails
     the bitwise gates by design; here its one-step update is held to the tier calibrated on
     exactly those causes at the drawn setting (``harness.causes``), so that an error far
     beyond what they explain (a bug inside the known difference) fails."""
     gate_runner.algorithm_claim("tier:causes", "Muon's causes of difference, calibrated on its update")
     impl = gate_runner.impl
     if impl is None or not impl.differences:
-        pytest.skip("tier:causes: judges an --impl candidate that declares muongate_differences")
+        pytest.skip("tier:causes: judges an --impl candidate that declares differences (harness.candidates.Candidate)")
     gate_runner.check("tier:causes", data.draw(_cause_cases(impl, gate_runner.device)), task="update")

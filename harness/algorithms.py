@@ -10,7 +10,7 @@ as class attributes, what the gates need to know about its algorithm:
     the values the gates draw for each hyperparameter and each convention, the default
     first (it is what a failing case shrinks towards). A value may be a
     ``reference.Interval(lo, hi)``, any float in it. ``CONVENTIONS`` are what a candidate
-    fixes by declaring them (``muongate_conventions``).
+    fixes by declaring them (``Candidate.conventions``).
 ``PARAM_NDIMS``
     the parameters it takes, by number of dimensions (the gates draw those FSDP2 can shard:
     1-D to 3-D). A reference whose ``DEFAULTS`` has ``use_muon`` is *hybrid*: its

@@ -2,7 +2,7 @@
 
 A candidate whose arithmetic differs from ``reference.Muon`` for a stated cause fails every
 bitwise gate, and a real bug could hide in that failure. It declares its causes
-(``muongate_differences``), and the cause gate holds its one-step update to a tier
+(``Candidate.differences``), and the cause gate holds its one-step update to a tier
 calibrated on exactly those causes, for the very setting of the case: Nesterov on or off,
 the parameter's dtype, the Newton–Schulz dtype, and the shape family (square, wide, tall).
 

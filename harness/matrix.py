@@ -51,13 +51,15 @@ class Adapter:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.spec)
 
     def package(self) -> str:
-        """``name version`` of the package the adapter declares (``muongate_package``), else the spec."""
+        """``name version`` of the package an optimizer adapter declares (``Candidate.package``), else the spec."""
         module, _, attr = self.spec.partition(":")
         try:
             factory = getattr(importlib.import_module(module), attr)
         except Exception as e:  # an adapter whose package does not import: its row says why
             return f"{self.spec} (does not import: {type(e).__name__}: {e})"
-        name = getattr(factory, "muongate_package", None)
+        from harness.candidates import declaration_of
+
+        name = declaration_of(factory).package if self.kind == "optimizer" else None
         if name is None:
             return self.spec
         try:

@@ -189,7 +189,7 @@ class GateRunner:
     shrunk: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     _last_crash: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
-    #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's ``muongate_shard``)
+    #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's own ``shard``)
     TASKS_OF_MODELS: ClassVar = ("backward", "training", "twins")
     TASKS: ClassVar[dict[str, Callable[[RankContext, Any], TaskResult]]] = {
         "optimizer": run_optimizer_case,

@@ -22,6 +22,8 @@ class GateConfig:
     #: the reference the session's candidate is judged against (``harness.algorithms.Algorithm``;
     #: ``None``: ``reference.Muon``)
     algorithm: Any = field(default=None)
+    #: the sizes at which the candidate changes behaviour (``Candidate.thresholds``): drawn on both sides
+    thresholds: tuple[int, ...] = ()
 
 
 _CURRENT = [GateConfig()]

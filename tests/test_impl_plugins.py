@@ -175,20 +175,25 @@ def test_training_specs_take_the_plugin_on_its_conventions_or_skip_saying_why():
 def test_an_own_sharding_that_leaves_an_unreadable_piece_names_parameter_shapes_and_rank() -> None:
     import torch
 
+    from harness.candidates import Candidate
     from harness.tasks.common import PIECE, read_own_sharding
 
-    def plain(param_groups: object) -> None: ...
+    def shard(module: object, mesh: object) -> None: ...
+
+    def factory(slices: tuple[slice, ...] | None) -> object:
+        def plain(param_groups: object) -> None: ...
+
+        piece = None if slices is None else (lambda name, p: slices)
+        return Candidate(shard=shard, piece=piece)(plain)
 
     piece = torch.zeros(2, 4)
     with pytest.raises(TypeError, match=r"parameter 'w0' a plain \[2, 4\] piece of \[3, 4\] on rank 1"):
-        read_own_sharding([("w0", piece, torch.Size([3, 4]))], plain, rank=1)
+        read_own_sharding([("w0", piece, torch.Size([3, 4]))], factory(None), rank=1)
 
-    plain.muongate_piece = lambda name, p: (slice(0, 1),)  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match=r"muongate_piece\('w0'\) on rank 1 names slices .* hold \[1, 4\]"):
-        read_own_sharding([("w0", piece, torch.Size([3, 4]))], plain, rank=1)
+    with pytest.raises(ValueError, match=r"piece\('w0'\) on rank 1 names slices .* hold \[1, 4\]"):
+        read_own_sharding([("w0", piece, torch.Size([3, 4]))], factory((slice(0, 1),)), rank=1)
 
-    plain.muongate_piece = lambda name, p: (slice(1, 3),)  # type: ignore[attr-defined]
-    read_own_sharding([("w0", piece, torch.Size([3, 4]))], plain, rank=1)
+    read_own_sharding([("w0", piece, torch.Size([3, 4]))], factory((slice(1, 3),)), rank=1)
     assert getattr(piece, PIECE) == (slice(1, 3),)
 
 
@@ -201,7 +206,7 @@ def test_declared_devices_and_the_default_group_shape_what_a_candidate_runs() ->
     assert impl.missing({"cpu"}) == ["cpu"] and impl.missing({"cuda"}) == []
     widened = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),)), pool_world=2)
     assert widened.world_size == 2 and widened.mesh == (2,)
-    assert any("world 1 → 2 (muongate_default_group" in note for note in widened.narrowed)
+    assert any("world 1 → 2 (default_group" in note for note in widened.narrowed)
 
 
 def test_a_candidate_that_refuses_zero_iterations_gets_its_fewest_and_the_case_says_so() -> None:
@@ -211,9 +216,9 @@ def test_a_candidate_that_refuses_zero_iterations_gets_its_fewest_and_the_case_s
     impl = Impl.load(_module_level("at_least_one", "muon", muongate_min_ns_steps=1))
     raised = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 0),)))
     assert dict(raised.settings)["ns_steps"] == 1
-    assert "ns_steps 0 → 1 (muongate_min_ns_steps)" in raised.narrowed
+    assert "ns_steps 0 → 1 (min_ns_steps)" in raised.narrowed
     assert not impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 3),))).narrowed
-    with pytest.raises(ValueError, match="muongate_min_ns_steps -1 must be a whole number"):
+    with pytest.raises(ValueError, match=r"Candidate min_ns_steps=-1: a whole number ≥ 0"):
         Impl.load(_module_level("below_zero", "muon", muongate_min_ns_steps=-1))
 
 

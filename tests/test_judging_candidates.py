@@ -49,8 +49,7 @@ def two_bugs(param_groups, **settings):
     return OneRowCrash(param_groups, **settings)
 
 
-for name, value in _DECLARED.items():
-    setattr(two_bugs, name, value)
+_DECLARED(two_bugs)
 '''
 
 

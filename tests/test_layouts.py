@@ -88,7 +88,9 @@ def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing
     monkeypatch.syspath_prepend(str(tmp_path))
     flat = Impl.load("flat_muon:flat_muon").adapt(_case(4, (2, 2), 2))
     assert (flat.tp, flat.mesh) == (1, (4,))
-    assert any("fsdp×tp → FSDP2 alone (fsdp_tp not declared" in note for note in flat.narrowed), flat.narrowed
+    assert any("fsdp×tp → FSDP2 alone (fsdp_tp not in its declared layouts" in note for note in flat.narrowed), (
+        flat.narrowed
+    )
     tp = Impl.load("flat_muon:tp_muon")
     assert tp.adapt(_case(2, (2,), 2)).tp == 2 and not tp.adapt(_case(2, (2,), 2)).narrowed
     assert tp.adapt(_case(4, (2, 2), 2)).tp == 1

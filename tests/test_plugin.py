@@ -10,7 +10,6 @@ its user chose."""
 
 from __future__ import annotations
 
-import time
 from xml.etree import ElementTree
 
 import pytest
@@ -80,7 +79,7 @@ BAD_OPTIONS = [
         ["--reference", "reference:Muon", "--impl", "gates.examples.torch_adam:adamw_for_loop"],
         {},
         "ERROR: --reference reference:Muon with --impl gates.examples.torch_adam:adamw_for_loop, which declares "
-        "muongate_reference reference:AdamW: drop --reference",
+        "reference reference:AdamW: drop --reference",
     ),
 ]
 
@@ -203,21 +202,26 @@ def test_an_unrelated_session_keeps_hypothesis_default_profile_and_never_imports
     assert not [line for line in result.outlines if line.startswith("muongate ")], "a header line needs torch"
 
 
-@pytest.mark.slow
-def test_an_unrelated_session_starts_within_half_a_second_of_one_without_the_plugin(
-    unrelated: pytest.Pytester,
-) -> None:
-    def wall(plugin: str) -> float:
-        start = time.perf_counter()
-        unrelated.runpytest_subprocess("-p", plugin, "-p", "no:cacheprovider", timeout=120).assert_outcomes(passed=1)
-        return time.perf_counter() - start
+MUONGATE_MODULES_TEST = """
+import sys
 
-    times: dict[str, list[float]] = {"harness.plugin": [], "no:harness.plugin": []}
-    for _ in range(5):  # interleaved, so that a burst of load elsewhere hits both
-        for plugin, runs in times.items():
-            runs.append(wall(plugin))
-    with_plugin, without = min(times["harness.plugin"]), min(times["no:harness.plugin"])
-    assert with_plugin - without <= 0.5, f"best of 5: {with_plugin:.2f} s with the plugin, {without:.2f} s without"
+
+def test_what_is_imported():
+    ours = ("harness", "reference", "distributed_impl", "gates", "reports", "torch")
+    print("imported:", sorted(m for m in sys.modules if m.split(".")[0] in ours))
+"""
+
+
+def test_an_unrelated_session_imports_nothing_of_muongate_but_the_plugin_and_its_options(
+    other_project: pytest.Pytester,
+) -> None:
+    """What the plug-in costs another project's session is its import: the plug-in and its
+    options, nothing else of muongate and no torch (how long that takes is measured by
+    ``python -m benchmarks.plugin_startup``, not here)."""
+    other_project.makepyfile(test_modules=MUONGATE_MODULES_TEST)
+    result = other_project.runpytest_subprocess("-p", "harness.plugin", "-p", "no:cacheprovider", "-s", timeout=120)
+    result.assert_outcomes(passed=1)
+    assert "imported: ['harness', 'harness.plugin', 'harness.plugin.options']\n" in result.stdout.str()
 
 
 PROFILE_TEST = """

@@ -7,7 +7,7 @@ Run: ``torchrun --standalone --nproc-per-node 1 examples/findings/torchtitan_dis
 ``_initialize_dist_muon`` calls ``_validate_parameter_storage``, which raises
 ``ValueError: DistMuon requires one CUDA device per process`` for parameters on any other
 device. So on CPU and gloo none of muongate's gates can run it; the adapter declares
-``muongate_devices = {"cuda"}``. By design, not a bug. torchtitan's package ``__init__``
+``devices={"cuda"}``. By design, not a bug. torchtitan's package ``__init__``
 files import its trainer's dependencies, so ``flex_shard`` is loaded alone, its parents
 stood in by bare namespace modules.
 """

@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from harness.candidates import Candidate
+
 A, B, C = 3.4445, -4.7750, 2.0315
 
 
@@ -94,17 +96,17 @@ class GatheredMuonLocalLr(GatheredMuon):
     local_shape_lr = True
 
 
-_DECLARED = {
-    "muongate_conventions": {
+_DECLARED = Candidate(
+    conventions={
         "momentum_form": "sum",
         "ns_coefficients": "keller",
         "eps_form": "add",
         "ns_dtype": "bfloat16",
         "adjust_lr_fn": "original",
     },
-    "muongate_features": {"bf16"},
-    "muongate_differences": {"plain_quintic", "scaled_update"},
-}
+    features={"bf16"},
+    differences={"plain_quintic", "scaled_update"},
+)
 
 
 def gathered_muon(param_groups: list[dict[str, Any]], **settings: Any) -> GatheredMuon:
@@ -116,5 +118,4 @@ def gathered_muon_local_lr(param_groups: list[dict[str, Any]], **settings: Any) 
 
 
 for _factory in (gathered_muon, gathered_muon_local_lr):
-    for _name, _value in _DECLARED.items():
-        setattr(_factory, _name, _value)
+    _DECLARED(_factory)

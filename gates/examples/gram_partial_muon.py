@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from gates.examples.gathered_muon import GatheredMuon
+from harness.candidates import Candidate
 from reference import coefficient_schedule, orthogonalize
 
 
@@ -88,7 +89,9 @@ def gram_partial_local_gram_muon(param_groups: list[dict[str, Any]], **settings:
 
 
 for _factory in (gram_partial_muon, gram_partial_local_gram_muon):
-    _factory.muongate_conventions = {"momentum_form": "sum", "eps_form": "add", "adjust_lr_fn": "original"}  # type: ignore[attr-defined]
-    _factory.muongate_layouts = {"tp"}  # type: ignore[attr-defined]
-    _factory.muongate_tiers = {"gram_partial"}  # type: ignore[attr-defined]
-    _factory.muongate_features = {"bf16"}  # type: ignore[attr-defined]
+    Candidate(
+        conventions={"momentum_form": "sum", "eps_form": "add", "adjust_lr_fn": "original"},
+        layouts={"tp"},
+        tiers={"gram_partial"},
+        features={"bf16"},
+    )(_factory)

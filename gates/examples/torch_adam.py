@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 import reference
+from harness.candidates import Candidate
 
 #: reference.AdamW's keywords that are torch's own; the conventions are declared, not passed
 _TORCH_KEYWORDS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
@@ -59,8 +60,10 @@ def adam_fused(param_groups: list[dict[str, Any]], **settings: Any) -> torch.opt
 ADAMW = (adamw_for_loop, adamw_foreach, adamw_fused)
 ADAM = (adam_for_loop, adam_foreach, adam_fused)
 for _factory in (*ADAMW, *ADAM):
-    _factory.muongate_reference = reference.AdamW  # type: ignore[attr-defined]
-    _factory.muongate_conventions = {  # type: ignore[attr-defined]
-        **_TORCH_CONVENTIONS,
-        "weight_decay_form": "decoupled" if _factory in ADAMW else "l2",
-    }
+    Candidate(
+        reference=reference.AdamW,
+        conventions={
+            **_TORCH_CONVENTIONS,
+            "weight_decay_form": "decoupled" if _factory in ADAMW else "l2",
+        },
+    )(_factory)

@@ -1,7 +1,17 @@
 """What is put through the gates from outside: ``--impl`` optimizers and ``--kernel`` Newton–Schulz functions."""
 
-from harness.candidates.impl import FEATURES, Impl, UnsupportedConvention
+from harness.candidates.declaration import FEATURES, Candidate, declaration_of
+from harness.candidates.impl import Impl, UnsupportedConvention
 from harness.candidates.kernel import Kernel, orthogonalizer
 from harness.candidates.loading import load_object
 
-__all__ = ["FEATURES", "Impl", "Kernel", "UnsupportedConvention", "load_object", "orthogonalizer"]
+__all__ = [
+    "FEATURES",
+    "Candidate",
+    "Impl",
+    "Kernel",
+    "UnsupportedConvention",
+    "declaration_of",
+    "load_object",
+    "orthogonalizer",
+]

@@ -1,69 +1,13 @@
 """Putting another team's sharded optimizer (``--impl MODULE:FACTORY``) through the gates.
 
-The contract, for ``FACTORY``:
-
-* it is called as ``FACTORY(param_groups, **settings)`` and returns a
-  ``torch.optim.Optimizer``. ``param_groups`` is a list of dicts with ``params`` (FSDP2
-  DTensor parameters, ``(Shard(0),)`` on a 1-D mesh, also on a 1-rank mesh at world size
-  1; and the layouts it declares in ``muongate_layouts``, as those layouts' DTensors),
-  ``param_names`` and ``use_muon`` (Muon for hidden matrices, AdamW otherwise).
-  ``settings`` are ``reference.Muon``'s keywords: ``lr, weight_decay, momentum,
-  nesterov, ns_steps, eps`` and the convention settings;
-* it may declare, as attributes:
-
-  - ``muongate_conventions``: the conventions it implements, as ``reference.Muon``
-    settings (e.g. ``{"momentum_form": "ema", "eps_form": "clamp"}``). Every case uses
-    them for both sides, so the reference is configured to match. A key the reference
-    does not know, or a value it cannot take, is reported (the gates skip, naming it),
-    never compared silently;
-  - ``muongate_max_world``: the largest world size it supports (default: any);
-  - ``muongate_min_ns_steps``: the fewest Newton–Schulz iterations it takes, for one that
-    refuses fewer by name (default: 0); a case's ``ns_steps`` below it is raised to it;
-  - ``muongate_features``: which of ``"adamw"``, ``"experts"`` (3-D parameters),
-    ``"bf16"``, ``"checkpoint"``, ``"fully_shard"`` (with ``muongate_shard`` only, below)
-    it supports (default: all). Cases are narrowed to
-    these, not rejected, and every narrowing is reported. (A parameter without a
-    gradient is not a feature: every candidate meets one, and the robustness gates hold
-    it to leaving that parameter exactly as it was.)
-  - ``muongate_layouts``: which layouts beyond FSDP2's it takes, of ``"hsdp"`` (a 2-D
-    ``(replicate, shard)`` mesh), ``"tp"`` (tensor parallel alone: ``parallelize_module``'s
-    ``Shard(0)``, ``Shard(1)``, ``Replicate()`` on a 1-D mesh) and ``"fsdp_tp"`` (TP, then
-    ``fully_shard`` on a ``dp`` dim: ``_StridedShard``), ``"hsdp_tp"`` (TP, then HSDP's
-    ``fully_shard`` on ``(rep, dp)`` of a 3-D mesh) and ``"ep_efsdp"`` (3-D expert
-    stacks split by experts over ``ep`` and by rows over ``efsdp``); default none. Cases of other
-    layouts are narrowed to FSDP2 on a 1-D mesh, and the layout gate skips;
-  - ``muongate_tiers``: the calibrated tiers its arithmetic differs from the reference's
-    within, by design: ``"gram_partial"`` (the Gram matrix ``X Xᵀ`` of a row-wise TP weight
-    from per-rank partial products and an all-reduce, ``harness.compare.GRAM_PARTIAL``).
-    It does not excuse the candidate from any bitwise gate; it adds the tier's gate;
-  - ``muongate_shard``: ``muongate_shard(module, mesh)`` shards ``module``'s parameters
-    itself, in place and its own way, on the ranks of ``mesh`` (the case's 1-D mesh, dim
-    ``shard``: it may build a mesh of its own over ``mesh.get_group()``), instead of the
-    harness's ``fully_shard``: bring-your-own sharding. Afterwards each parameter is either
-    a DTensor, read through its own mesh and placements as FSDP2's are, or a plain tensor
-    holding this rank's piece, which ``muongate_piece(name, param)`` (also an attribute of
-    the factory) names as a tuple of slices of the full tensor. Gradients arrive laid out
-    the same way, and optimizer state is read with its parameter's layout. Its cases are of
-    the layout family ``own``; layouts it does not declare in ``muongate_layouts`` are
-    narrowed to its own sharding on a 1-D mesh. The gates whose model FSDP2 lays out (a real
-    backward, training, MoE) run it only if it also declares the feature ``"fully_shard"``
-    (it steps FSDP2's own parameters too);
-  - ``muongate_default_group``: ``True`` when it talks over the default process group (as
-    optimizers written for DDP do) rather than its parameters' meshes: every case then runs
-    on all the ranks there are, and a case of fewer is widened to them (reported as narrowed);
-  - ``muongate_devices``: the device types its ranks may run on, of ``"cpu"`` and
-    ``"cuda"`` (default: both); on another, every gate skips, naming it;
-  - ``muongate_differences``: the known causes its arithmetic differs from the reference's
-    by, of ``harness.causes.CAUSES`` (``"plain_quintic"``, ``"scaled_update"``,
-    ``"bf16_momentum"``). It still fails every bitwise gate; the cause gate then holds its
-    update to a tier calibrated on those causes, per setting, so a bug cannot hide in the
-    known difference;
-  - ``muongate_single_device``: a factory of the same contract for plain (not
-    DTensor) parameters on one device, its own single-device counterpart, which
-    ``--against self`` compares it with; without it, the candidate itself runs on a
-    one-rank FSDP2 mesh.
-* its ``state[p]`` may hold ``momentum_buffer`` (and ``exp_avg``, ``exp_avg_sq``) with
-  the parameter's layout; those are compared too when present.
+``FACTORY(param_groups, **settings)`` returns a ``torch.optim.Optimizer``. ``param_groups`` is
+a list of dicts with ``params`` (FSDP2 DTensor parameters, ``(Shard(0),)`` on a 1-D mesh, also
+on a 1-rank mesh at world size 1; and the layouts it declares, as those layouts' DTensors) and
+``param_names`` (and, for ``reference.Muon``, ``use_muon``: Muon for hidden matrices, AdamW
+otherwise). ``settings`` are all of its reference's keywords (``harness.algorithms``), defaults
+included. Everything a candidate declares about itself is one ``Candidate``
+(``harness/candidates/declaration.py``, whose docstring is the contract); ``Impl`` is that
+declaration read for a session, and narrows each case to it (``adapt``).
 """
 
 from __future__ import annotations
@@ -72,29 +16,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.algorithms import MUON, Algorithm, reference_of
-from harness.candidates.loading import load_declared
+from harness.candidates.declaration import DEVICES, FEATURES, LAYOUTS, TIERS, declaration_of
+from harness.candidates.loading import load_callable
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
-
-FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "fully_shard"})
-LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"})
-TIERS = frozenset({"gram_partial"})
-DEVICES = frozenset({"cpu", "cuda"})
 
 
 class UnsupportedConvention(Exception):
     """The candidate declares a convention the reference cannot express."""
 
 
-def _reference(spec: str, factory: Any) -> Algorithm:
-    """The reference a candidate implements: its ``muongate_reference`` (a reference class, or
+def _reference(spec: str, declared: Any) -> Algorithm:
+    """The reference a candidate implements: its declared one (a reference class, or
     ``MODULE:CLASS``), else ``reference.Muon``."""
-    declared = getattr(factory, "muongate_reference", None)
     if declared is None:
         return MUON
     try:
         return Algorithm.load(declared) if isinstance(declared, str) else Algorithm.of(declared)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"--impl {spec}: muongate_reference {declared!r}: {e}") from e
+        raise ValueError(f"--impl {spec}: Candidate reference={declared!r}: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -114,66 +53,44 @@ class Impl:
     default_group: bool = False
     differences: frozenset[str] = frozenset()
     min_ns_steps: int = 0
-    #: the reference it implements (``muongate_reference``)
+    #: the reference it implements (``Candidate.reference``)
     algorithm: Algorithm = MUON
+
+    #: whether the candidate names its reference itself (``Candidate.reference``)
+    declares_reference: bool = False
 
     @classmethod
     def load(cls, spec: str) -> Impl:
-        """Imports ``MODULE:FACTORY`` and reads its declarations; errors name what is wrong."""
-        factory, declared = load_declared("impl", spec)
-        features = frozenset(getattr(factory, "muongate_features", FEATURES))
-        unknown_features = features - FEATURES
-        if unknown_features:
-            raise ValueError(
-                f"--impl {spec}: unknown muongate_features {sorted(unknown_features)}; known: {sorted(FEATURES)}"
-            )
-        layouts = frozenset(getattr(factory, "muongate_layouts", ()))
-        if layouts - LAYOUTS:
-            raise ValueError(
-                f"--impl {spec}: unknown muongate_layouts {sorted(layouts - LAYOUTS)}; known: {sorted(LAYOUTS)}"
-            )
-        tiers = frozenset(getattr(factory, "muongate_tiers", ()))
-        if tiers - TIERS:
-            raise ValueError(f"--impl {spec}: unknown muongate_tiers {sorted(tiers - TIERS)}; known: {sorted(TIERS)}")
-        devices = frozenset(getattr(factory, "muongate_devices", DEVICES))
-        if not devices or devices - DEVICES:
-            raise ValueError(f"--impl {spec}: muongate_devices {sorted(devices)} must be some of {sorted(DEVICES)}")
+        """Imports ``MODULE:FACTORY`` and reads its declaration; errors name what is wrong."""
+        factory = load_callable("impl", spec)
+        try:
+            declared = declaration_of(factory)
+        except ValueError as e:
+            raise ValueError(f"--impl {spec}: {e}") from e
         from harness.causes import CAUSES
 
-        differences = frozenset(getattr(factory, "muongate_differences", ()))
-        if differences - CAUSES.keys():
-            raise ValueError(
-                f"--impl {spec}: unknown muongate_differences {sorted(differences - CAUSES.keys())}; known: {sorted(CAUSES)}"
-            )
-        own_sharding = hasattr(factory, "muongate_shard")
-        if own_sharding and not callable(factory.muongate_shard):
-            raise TypeError(f"--impl {spec}: muongate_shard must be callable as muongate_shard(module, mesh)")
-        min_ns_steps = getattr(factory, "muongate_min_ns_steps", 0)
-        if not isinstance(min_ns_steps, int) or min_ns_steps < 0:
-            raise ValueError(f"--impl {spec}: muongate_min_ns_steps {min_ns_steps!r} must be a whole number ≥ 0")
-        conventions = {k: stored_setting(k, v) for k, v in declared.items()}
-        algorithm = _reference(spec, factory)
+        unknown = sorted(set(declared.differences) - CAUSES.keys())
+        if unknown:
+            raise ValueError(f"--impl {spec}: Candidate differences: unknown {unknown}; choose from {sorted(CAUSES)}")
+        conventions = {k: stored_setting(k, v) for k, v in declared.conventions.items()}
+        algorithm = _reference(spec, declared.reference)
         return cls(
             spec,
             factory,
             tuple(sorted(conventions.items())),
-            getattr(factory, "muongate_max_world", None),
-            features,
+            declared.max_world,
+            frozenset(declared.features),
             tuple(algorithm.check(optimizer_settings(conventions.items()))),
-            layouts,
-            tiers,
-            own_sharding,
-            devices,
-            bool(getattr(factory, "muongate_default_group", False)),
-            differences,
-            min_ns_steps,
+            frozenset(declared.layouts),
+            frozenset(declared.tiers),
+            declared.shard is not None,
+            frozenset(declared.devices),
+            declared.default_group,
+            frozenset(declared.differences),
+            declared.min_ns_steps,
             algorithm,
+            declared.reference is not None,
         )
-
-    @property
-    def declares_reference(self) -> bool:
-        """Whether the candidate names the reference it implements (``muongate_reference``)."""
-        return hasattr(self.factory, "muongate_reference")
 
     def judged_against(self, algorithm: Algorithm) -> Impl:
         """This candidate judged against ``algorithm`` (``--reference``), its conventions checked there."""
@@ -210,20 +127,20 @@ class Impl:
                 params.append(self._narrow(p, notes))
         world = case.world_size if self.max_world is None else min(case.world_size, self.max_world)
         if world != case.world_size:
-            notes.append(f"world {case.world_size} → {world} (muongate_max_world {self.max_world})")
+            notes.append(f"world {case.world_size} → {world} (max_world {self.max_world})")
         if self.default_group and pool_world is not None and world != pool_world:
-            notes.append(f"world {world} → {pool_world} (muongate_default_group: it talks to every rank)")
+            notes.append(f"world {world} → {pool_world} (default_group: it talks to every rank)")
             world = pool_world
         layout = self._layout(case)
         flat = layout not in self.layouts or world != case.world_size
         if case.mesh != (case.world_size,) and flat:
-            notes.append(f"mesh {list(case.mesh)} → [{world}] ({layout} not declared in muongate_layouts)")
+            notes.append(f"mesh {list(case.mesh)} → [{world}] ({layout} not in its declared layouts)")
         if (case.tp > 1 or case.ep > 1) and flat:
-            alone = "its own sharding (muongate_shard)" if self.own_sharding else "FSDP2 alone"
-            notes.append(f"{case.layout} → {alone} ({layout} not declared in muongate_layouts)")
+            alone = "its own sharding (shard)" if self.own_sharding else "FSDP2 alone"
+            notes.append(f"{case.layout} → {alone} ({layout} not in its declared layouts)")
         settings = dict(case.settings)
         if settings.get("ns_steps", self.min_ns_steps) < self.min_ns_steps:
-            notes.append(f"ns_steps {settings['ns_steps']} → {self.min_ns_steps} (muongate_min_ns_steps)")
+            notes.append(f"ns_steps {settings['ns_steps']} → {self.min_ns_steps} (min_ns_steps)")
             settings["ns_steps"] = self.min_ns_steps
         checkpoint = case.checkpoint_after if "checkpoint" in self.features else None
         if checkpoint != case.checkpoint_after:
@@ -268,8 +185,13 @@ class Impl:
 
     def adapt_training(self, spec: Any) -> Any:
         """A training spec (MoE scenario, transformer) run with this candidate on its conventions;
-        ``UnsupportedConvention`` when it cannot take the model's world size or parameters."""
+        ``UnsupportedConvention`` when it cannot take the model's world size or parameters, or
+        implements another reference than the Muon the models train with."""
         self._check_expressible()
+        if self.algorithm.in_case is not None:
+            raise UnsupportedConvention(
+                f"{self.spec} implements {self.algorithm.title}; the training and MoE gates train with reference.Muon"
+            )
         if self.max_world is not None and spec.world_size > self.max_world:
             raise UnsupportedConvention(
                 f"{self.spec} supports world sizes up to {self.max_world}; the model needs {spec.world_size}"

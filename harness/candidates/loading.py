@@ -17,6 +17,12 @@ def load_object(spec: str) -> Any:
 
 def load_declared(option: str, spec: str) -> tuple[Any, dict[str, Any]]:
     """The callable ``spec`` names for ``--option``, and the ``muongate_conventions`` it declares."""
+    obj = load_callable(option, spec)
+    return obj, dict(getattr(obj, "muongate_conventions", {}))
+
+
+def load_callable(option: str, spec: str) -> Any:
+    """The callable ``spec`` names for ``--option``; one the ranks cannot receive (by pickling) is refused."""
     obj = load_object(spec)
     if not callable(obj):
         raise TypeError(f"--{option} {spec}: {obj!r} is not callable")
@@ -27,4 +33,4 @@ def load_declared(option: str, spec: str) -> tuple[Any, dict[str, Any]]:
             f"--{option} {spec}: the ranks receive it by pickling, and it does not pickle ({e}); "
             "make it a function or class defined at the top level of its module"
         ) from e
-    return obj, dict(getattr(obj, "muongate_conventions", {}))
+    return obj

@@ -16,6 +16,9 @@ from harness.cases.strategies import (
     muon_settings,
     norm_tie_cases,
     reshard_cases,
+    session_cases,
+    settings_of,
+    threshold_shapes,
 )
 
 __all__ = [
@@ -31,5 +34,8 @@ __all__ = [
     "norm_tie_cases",
     "optimizer_settings",
     "reshard_cases",
+    "session_cases",
+    "settings_of",
     "stored_setting",
+    "threshold_shapes",
 ]

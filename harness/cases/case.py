@@ -130,8 +130,10 @@ class Case:
     def layout(self) -> str:
         """The case's layout family: ``fsdp`` (1-D), ``3-D`` (expert stacks on 1-D), ``hsdp``,
         ``tp``, ``fsdp×tp``, ``hsdp×tp`` (a 3-D mesh), ``ep×efsdp``, or ``own`` (a candidate's
-        own sharding on a 1-D mesh, ``muongate_shard``)."""
-        if self.tp == self.ep == 1 and len(self.mesh) == 1 and hasattr(self.candidate, "muongate_shard"):
+        own sharding on a 1-D mesh, its declared ``shard``)."""
+        from harness.candidates.declaration import declaration_of
+
+        if self.tp == self.ep == 1 and len(self.mesh) == 1 and declaration_of(self.candidate).shard is not None:
             return "own"
         if self.ep > 1:
             return "ep×efsdp"

@@ -112,11 +112,13 @@ def cases(
     hsdp: bool = False,
     checkpoint: bool = False,
     algorithm: Algorithm | None = None,
+    thresholds: tuple[int, ...] = (),
 ) -> st.SearchStrategy[Case]:
     """Whole optimizer cases for ``algorithm`` (``None``: ``reference.Muon``): its settings, and
     parameters of the kinds it takes (``PARAM_NDIMS``; a hybrid one's AdamW groups, with
     ``adamw``, take vectors and matrices). Shrinks towards one rank, one small square fp32
-    matrix (a vector for an algorithm that takes no matrix), one step."""
+    matrix (a vector for an algorithm that takes no matrix), one step. ``thresholds`` (a
+    candidate's ``Candidate.thresholds``) adds tensors on both sides of each (``threshold_shapes``)."""
     from harness.algorithms import MUON
 
     for name, value in (("max_world", max_world), ("max_params", max_params), ("max_steps", max_steps)):
@@ -135,6 +137,11 @@ def cases(
         }
     else:
         main_shapes = {w: _shapes(algorithm.ndims, max_side, w, experts) for w in range(1, max_world + 1)}
+    if thresholds:
+        main_shapes = {
+            w: st.one_of(shapes, threshold_shapes(thresholds, max_world=max_world, ndims=algorithm.ndims))
+            for w, shapes in main_shapes.items()
+        }
     other_shapes = {
         w: st.one_of(st.tuples(st.integers(1, max_side)), matrix_shapes(max_side=max_side, world_size=w))
         for w in range(1, max_world + 1)
@@ -174,6 +181,32 @@ def cases(
         )
 
     return draw_case()
+
+
+def threshold_shapes(
+    thresholds: tuple[int, ...], *, max_world: int = 2, ndims: tuple[int, ...] = (1, 2)
+) -> st.SearchStrategy[tuple[int, ...]]:
+    """Tensors on both sides of each size ``T`` at which a candidate changes behaviour, whole and
+    as shards: ``T·w`` elements give each of ``w`` ranks about ``T`` (FSDP2 splits dim 0), so for
+    every world size up to ``max_world`` it draws vectors of ``T·w − 1``, ``T·w``, ``T·w + 1``
+    elements and matrices of 64, 128 or 256 columns with a row fewer, as many, or one more than
+    ``T·w`` needs. Shrinks towards ``T`` elements in one vector (or rows of 256)."""
+    sizes = sorted({t * w for t in thresholds for w in range(1, max_world + 1)})
+    kinds: list[st.SearchStrategy[tuple[int, ...]]] = []
+    if 1 in ndims:
+        kinds.append(st.tuples(st.sampled_from(sizes), st.sampled_from([0, -1, 1])).map(lambda nd: (nd[0] + nd[1],)))
+    if 2 in ndims:
+        matrices = st.tuples(st.sampled_from(sizes), st.sampled_from([256, 128, 64]), st.sampled_from([0, -1, 1]))
+        kinds.append(matrices.map(lambda n: (max(1, n[0] // n[1] + n[2]), n[1])))
+    if not kinds:
+        raise ValueError(f"PARAM_NDIMS {ndims}: thresholds need vectors or matrices")
+    return st.one_of(*kinds)
+
+
+def session_cases(config: Any, **bounds: Any) -> st.SearchStrategy[Case]:
+    """``cases(**bounds)`` for the running session (``harness.session.GateConfig``): its reference's
+    settings and tensors, and its candidate's thresholds."""
+    return cases(algorithm=config.algorithm, thresholds=config.thresholds, **bounds)
 
 
 def _shapes(ndims: tuple[int, ...], max_side: int, world: int, experts: bool) -> st.SearchStrategy[tuple[int, ...]]:

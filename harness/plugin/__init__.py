@@ -248,9 +248,14 @@ def _choose_profile(config: pytest.Config) -> None:
 
 def _tell_gates(config: pytest.Config) -> None:
     """What the gate modules draw from (``harness.session``): the pool's size and, once resolved, the reference."""
+    from harness.candidates import declaration_of
     from harness.session import GateConfig, configure
 
-    configure(GateConfig(nproc=config.stash[_NPROC], algorithm=config.stash.get(_ALGORITHM, None)))
+    impl = config.stash.get(_IMPL, None)
+    thresholds = tuple(declaration_of(impl.factory).thresholds) if impl is not None else ()
+    configure(
+        GateConfig(nproc=config.stash[_NPROC], algorithm=config.stash.get(_ALGORITHM, None), thresholds=thresholds)
+    )
 
 
 def _load_profile(name: str) -> None:
@@ -421,8 +426,7 @@ def _algorithm(config: pytest.Config) -> Any:
         return algorithm
     if declared is not None and declared.spec != algorithm.spec:
         raise pytest.UsageError(
-            f"--reference {spec} with --impl {impl.spec}, which declares muongate_reference {declared.spec}: "
-            "drop --reference"
+            f"--reference {spec} with --impl {impl.spec}, which declares reference {declared.spec}: drop --reference"
         )
     if impl is None and algorithm.in_case is not None:
         raise pytest.UsageError(
@@ -467,13 +471,13 @@ def _load_plugin(config: pytest.Config, option: str, load: Callable[[str], Any],
 
 def _baseline(config: pytest.Config) -> Any:
     """The ``--gate-baseline`` figures, read now so that a bad file is a usage error, not a late crash."""
+    path = config.getoption("gate_baseline")
+    if path is None:
+        return None
     import json
 
     from reports.files import from_figures
 
-    path = config.getoption("gate_baseline")
-    if path is None:
-        return None
     try:
         return from_figures(json.loads(Path(path).read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as e:

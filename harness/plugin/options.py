@@ -47,7 +47,7 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="MODULE:FACTORY",
         default=None,
         help="put this optimizer factory in place of distributed_impl.ShardedMuon in every optimizer gate "
-        "(the contract is in harness/candidates/impl.py and the README).",
+        "(what it declares about itself: harness.candidates.Candidate, in harness/candidates/declaration.py).",
     )
     group.addoption(
         "--reference",

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -62,7 +62,7 @@ def param_groups(named: Iterable[tuple[str, Tensor, bool]]) -> list[dict[str, An
 
 
 #: the attribute a plain parameter of a candidate's own sharding carries: the slices of the
-#: full tensor it holds (``muongate_piece``, set by ``read_own_sharding``)
+#: full tensor it holds (its declared ``piece``, set by ``read_own_sharding``)
 PIECE = "muongate_index"
 
 
@@ -96,22 +96,24 @@ def whole_of_piece(piece: Tensor, p: Tensor, shape: Sequence[int], group: Any) -
 
 
 def read_own_sharding(named: Iterable[tuple[str, Tensor, torch.Size]], factory: Any, rank: int) -> None:
-    """After a candidate's ``muongate_shard``: each plain parameter's piece, by its ``muongate_piece``
+    """After a candidate's declared ``shard``: each plain parameter's piece, by its declared ``piece``
     (``(name, parameter, full shape)`` triples), checked against the parameter's shape."""
-    reader = getattr(factory, "muongate_piece", None)
+    from harness.candidates.declaration import declaration_of
+
+    reader = declaration_of(factory).piece
     for name, p, full in named:
         if isinstance(p, DTensor) or (reader is None and tuple(p.shape) == tuple(full)):
             continue  # read through its placements, or a whole copy
         if reader is None:
             raise TypeError(
-                f"muongate_shard left parameter {name!r} a plain {list(p.shape)} piece of {list(full)} on rank "
-                f"{rank}, and the candidate declares no muongate_piece(name, param) to say which piece it is"
+                f"the candidate's shard left parameter {name!r} a plain {list(p.shape)} piece of {list(full)} on rank "
+                f"{rank}, and it declares no piece(name, param) to say which piece it is"
             )
         index = tuple(reader(name, p))
         held = torch.empty(full, device="meta")[index].shape
         if held != p.shape:
             raise ValueError(
-                f"muongate_piece({name!r}) on rank {rank} names slices {index} of {list(full)}, which hold "
+                f"piece({name!r}) on rank {rank} names slices {index} of {list(full)}, which hold "
                 f"{list(held)}, but the parameter is {list(p.shape)}"
             )
         setattr(p, PIECE, index)
@@ -148,6 +150,20 @@ def compare_shard(
     return compare(local_piece(ref_full, layout), actual.detach(), tensor=name, step=step, rank=rank, tier=tier)
 
 
+def plain_state(value: Tensor) -> Tensor:
+    """A quantized optimizer state (a tensor subclass with ``dequantize``, as torchao's low-bit
+    states are) as the float tensor it stands for; inside a DTensor, its local piece dequantized,
+    so that it is compared with its layout like any other state."""
+
+    def quantized(t: Tensor) -> bool:
+        return type(t) not in (Tensor, nn.Parameter, DTensor) and callable(getattr(t, "dequantize", None))
+
+    if isinstance(value, DTensor) and quantized(value.to_local()):
+        local = value.to_local().dequantize()
+        return DTensor.from_local(local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride())
+    return value.dequantize() if quantized(value) else value
+
+
 def compare_params_and_state(
     pairs: Iterable[tuple[str, Tensor, Tensor]],
     ref_opt: torch.optim.Optimizer,
@@ -171,6 +187,7 @@ def compare_params_and_state(
             ref_value, value = ref_state.get(key), state.get(key)
             if not (isinstance(ref_value, Tensor) and isinstance(value, Tensor)):
                 continue
+            ref_value, value = plain_state(ref_value), plain_state(value)
             if ref_value.shape == ref_p.shape:
                 out.append(compare_shard(f"{name}.{key}", step, rank, ref_value, value, tier, like=p))
             else:

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 import reference
 from harness.algorithms import reference_of
+from harness.candidates.declaration import declaration_of
 from harness.candidates.kernel import orthogonalizer
 from harness.cases.case import Case, ParamSpec, ReshardCase
 from harness.cases.tensors import generator, gradient, initial_param, spectrum_matrix
@@ -120,7 +121,7 @@ def build_model(
     ``linears``: matrices as ``nn.Linear`` weights in every layout, so that their names
     (``w0.weight``) are the same on every layout (what a checkpoint resharded across them needs)."""
     named = {s.name: t for s, t in zip(case.params, tensors, strict=True)}
-    own = getattr(case.candidate, "muongate_shard", None)
+    own = declaration_of(case.candidate).shard
     if mesh is not None and own is not None:
         model = _Holder(named, linears=linears)
         own(model, mesh)
@@ -166,9 +167,9 @@ def _twin(
     ctx: RankContext, case: Case, build: Callable[[DeviceMesh | None], nn.Module]
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The candidate as its own single-device self, on the model ``build`` makes: with the
-    counterpart it names (``muongate_single_device``) on plain tensors, or else itself on a
+    counterpart it declares (``single_device``) on plain tensors, or else itself on a
     one-rank FSDP2 mesh of this rank alone."""
-    single = getattr(factory_of(case.candidate), "muongate_single_device", None)
+    single = declaration_of(factory_of(case.candidate)).single_device
     if single is not None:
         model = build(None)
         return model, _candidate(case, model, single)

@@ -1,0 +1,179 @@
+"""One typed declaration of everything a candidate optimizer says about itself.
+
+A candidate (``--impl MODULE:FACTORY``, or a factory a gate runs itself) is a callable
+``FACTORY(param_groups, **settings) -> torch.optim.Optimizer``. What it supports, and how it
+differs from its reference, it declares in one ``Candidate``, used as a decorator::
+
+    from harness.candidates import Candidate
+
+    @Candidate(reference=reference.AdamW, conventions={"state_dtype": "param"}, layouts={"hsdp"})
+    def my_adamw(param_groups, **settings): ...
+
+or called on a factory defined elsewhere: ``Candidate(...)(their_factory)``. The fields, each
+checked when the declaration is made (a bad one is a ``ValueError`` naming the field and the fix):
+
+``reference``
+    the reference class it implements (``reference.AdamW``), or ``"MODULE:CLASS"``; default
+    ``reference.Muon``. The gates draw that reference's settings and tensors
+    (``harness.algorithms``).
+``conventions``
+    the reference settings it implements (``{"momentum_form": "ema", "eps_form": "clamp"}``).
+    Every case uses them on both sides. A key the reference does not know, or a value it cannot
+    take, makes every gate skip, naming it; nothing is compared silently.
+``features``
+    which of ``adamw`` (Muon's AdamW groups), ``experts`` (3-D parameters), ``bf16``,
+    ``checkpoint``, ``fully_shard`` (with ``shard`` only) it supports; default all. Cases are
+    narrowed to them and every narrowing is reported. A parameter without a gradient is not a
+    feature: every candidate meets one.
+``layouts``
+    the layouts beyond FSDP2's 1-D ``(Shard(0),)`` it takes: ``hsdp``, ``tp``, ``fsdp_tp``,
+    ``hsdp_tp``, ``ep_efsdp``; default none. Cases of others are narrowed to FSDP2 alone.
+``tiers``
+    calibrated tiers its arithmetic differs within by design (``gram_partial``); it adds the
+    tier's gate and excuses no bitwise gate.
+``differences``
+    known causes of other arithmetic, of ``harness.causes.CAUSES`` (checked when ``--impl`` loads
+    it); it still fails every bitwise
+    gate, and the cause gate holds it to a tier calibrated on exactly those causes.
+``devices``
+    the device types its ranks may run on, of ``cpu`` and ``cuda``; default both.
+``max_world``
+    the largest world size it supports; default any.
+``min_ns_steps``
+    the fewest Newton–Schulz iterations it takes (a case's ``ns_steps`` below is raised to it).
+``default_group``
+    ``True`` when it talks over the default process group (DDP-style): every case runs on all
+    the ranks there are.
+``shard``, ``piece``
+    bring-your-own sharding: ``shard(module, mesh)`` lays the module's parameters out in place,
+    instead of ``fully_shard``; a parameter left a plain tensor holding this rank's piece is named
+    by ``piece(name, param)``, a tuple of slices of the full tensor.
+``single_device``
+    a factory of the same contract for plain tensors on one device, which ``--against self``
+    compares it with; without it, the candidate itself runs on a one-rank FSDP2 mesh.
+``package``
+    the package it adapts, for the matrix (``"muon-optimizer"``); default the factory's spec.
+``thresholds``
+    the tensor sizes (numbers of elements) at which it changes behaviour: a state quantized only
+    from 4096 elements, blocks of 256. The generators then draw tensors on both sides of each,
+    whole and as every world size's shards (``harness.cases.strategies.threshold_shapes``).
+
+Its ``state[p]`` may hold any of the reference's state (``momentum_buffer``, ``exp_avg`` …)
+with the parameter's layout; each is compared when present.
+
+Code that cannot import muongate (``distributed_impl``) may set the attribute ``muongate`` to a
+dict of these fields instead. Declarations made before this object existed, as ``muongate_*``
+attributes of the factory
+(``muongate_conventions``, ``muongate_features`` …), are still read, with a
+``DeprecationWarning`` naming the replacement.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+F = TypeVar("F")
+
+FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "fully_shard"})
+LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"})
+TIERS = frozenset({"gram_partial"})
+DEVICES = frozenset({"cpu", "cuda"})
+
+#: the attribute a declaration is kept in on its factory
+ATTRIBUTE = "muongate"
+
+
+def _names(field_name: str, value: Iterable[str], known: frozenset[str], *, empty: bool = True) -> frozenset[str]:
+    chosen = frozenset(value)
+    if isinstance(value, str):
+        raise ValueError(f"Candidate {field_name}={value!r}: a set of names, e.g. {field_name}={{{value!r}}}")
+    unknown = chosen - known
+    if unknown or (not empty and not chosen):
+        raise ValueError(f"Candidate {field_name}: unknown {sorted(unknown)}; choose from {sorted(known)}")
+    return chosen
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a candidate optimizer declares about itself (see the module docstring)."""
+
+    reference: Any = None
+    conventions: Mapping[str, Any] = field(default_factory=dict)
+    features: Iterable[str] = FEATURES
+    layouts: Iterable[str] = frozenset()
+    tiers: Iterable[str] = frozenset()
+    differences: Iterable[str] = frozenset()
+    devices: Iterable[str] = DEVICES
+    max_world: int | None = None
+    min_ns_steps: int = 0
+    default_group: bool = False
+    shard: Callable[..., Any] | None = None
+    piece: Callable[..., Any] | None = None
+    single_device: Callable[..., Any] | None = None
+    package: str | None = None
+    thresholds: Iterable[int] = ()
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        put(self, "conventions", dict(self.conventions))
+        put(self, "features", _names("features", self.features, FEATURES))
+        put(self, "layouts", _names("layouts", self.layouts, LAYOUTS))
+        put(self, "tiers", _names("tiers", self.tiers, TIERS))
+        # checked against harness.causes.CAUSES when a session loads it (Impl.load): importing that
+        # here would make a circle of imports through harness.cases
+        put(self, "differences", frozenset(self.differences))
+        put(self, "devices", _names("devices", self.devices, DEVICES, empty=False))
+        if self.max_world is not None and not (isinstance(self.max_world, int) and self.max_world >= 1):
+            raise ValueError(f"Candidate max_world={self.max_world!r}: a whole number of ranks ≥ 1, or None for any")
+        if not (isinstance(self.min_ns_steps, int) and self.min_ns_steps >= 0):
+            raise ValueError(f"Candidate min_ns_steps={self.min_ns_steps!r}: a whole number ≥ 0")
+        for name in ("shard", "piece", "single_device"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ValueError(f"Candidate {name}={value!r}: a function, e.g. {name}=my_{name}")
+        put(self, "thresholds", tuple(self.thresholds))
+        if any(not (isinstance(t, int) and t >= 1) for t in self.thresholds):
+            raise ValueError(
+                f"Candidate thresholds={self.thresholds!r}: numbers of elements ≥ 1, e.g. thresholds=(4096,)"
+            )
+        if self.piece is not None and self.shard is None:
+            raise ValueError("Candidate piece=…: names the pieces of a shard=… function's layout; declare shard too")
+
+    def __call__(self, factory: F) -> F:
+        """Declares this on ``factory`` and returns it: ``@Candidate(...)`` or ``Candidate(...)(factory)``."""
+        setattr(factory, ATTRIBUTE, self)
+        return factory
+
+
+_LEGACY = {f.name: f"muongate_{f.name}" for f in fields(Candidate)}
+#: the declarations read from ``muongate_*`` attributes, by factory (each read and warned about once)
+_READ: dict[int, tuple[Any, Candidate]] = {}
+
+
+def declaration_of(factory: Any) -> Candidate:
+    """What ``factory`` declares: its ``Candidate``, or one read from the ``muongate_*`` attributes
+    it was declared with before (a ``DeprecationWarning`` once per factory), or the defaults."""
+    declared = getattr(factory, ATTRIBUTE, None)
+    if isinstance(declared, Candidate):
+        return declared
+    read = _READ.get(id(factory))
+    if read is not None and read[0] is factory:
+        return read[1]
+    if isinstance(declared, Mapping):  # the fields as a dict, for code that cannot import harness
+        _READ[id(factory)] = (factory, Candidate(**declared))
+        return _READ[id(factory)][1]
+    found = {name: getattr(factory, legacy) for name, legacy in _LEGACY.items() if hasattr(factory, legacy)}
+    if found:
+        given = ", ".join(f"{name}=…" for name in found)
+        warnings.warn(
+            f"{getattr(factory, '__qualname__', factory)!r} declares itself with muongate_* attributes "
+            f"({', '.join(_LEGACY[n] for n in found)}); declare one harness.candidates.Candidate({given}) "
+            "instead (its docstring is the contract)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    _READ[id(factory)] = (factory, Candidate(**found))
+    return _READ[id(factory)][1]
