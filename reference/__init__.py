@@ -1,5 +1,6 @@
-"""Single-device references: Muon (+ AdamW for everything that is not a hidden matrix) and AdamW."""
+"""Single-device references: Muon (+ AdamW for everything that is not a hidden matrix), AdamW and Adafactor."""
 
+from reference.adafactor import ADAFACTOR_DEFAULTS, Adafactor, adafactor_step, validate_adafactor_settings
 from reference.adamw import ADAMW_DEFAULTS, AdamW, adam_step, init_adam_state, validate_adamw_settings
 from reference.muon import (
     MUON_DEFAULTS,
@@ -18,11 +19,14 @@ from reference.muon import (
 )
 
 __all__ = [
+    "ADAFACTOR_DEFAULTS",
     "ADAMW_DEFAULTS",
     "MUON_DEFAULTS",
+    "Adafactor",
     "AdamW",
     "Interval",
     "Muon",
+    "adafactor_step",
     "adam_step",
     "adamw_update",
     "apply_update",
@@ -34,6 +38,7 @@ __all__ = [
     "orthogonalize",
     "orthogonalize_batch",
     "param_names",
+    "validate_adafactor_settings",
     "validate_adamw_settings",
     "validate_settings",
 ]
