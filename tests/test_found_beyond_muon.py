@@ -1,0 +1,62 @@
+"""Claims about what the gates found beyond Muon: each finding's standalone reproducer (only torch
+and the package, no muongate) still shows it. When torch or a package fixes one, its test fails,
+and the README's line about it must change. The low-bit packages' tests skip, naming the extra."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FINDINGS = Path(__file__).resolve().parents[1] / "examples" / "findings"
+LOWBIT = "the lowbit extra, without a torch of its own: pip install --no-deps torchao==0.18.0 bitsandbytes==0.50.2"
+
+
+def _run(script: str, *args: str, nproc: int = 0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": ""}  # the package and torch, never muongate
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc else []
+    command = [sys.executable, *launch, str(FINDINGS / script), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+
+
+def test_torch_adam_l2_decay_gives_a_bf16_shard_other_bits() -> None:
+    run = _run("torch_adam_l2_bf16_shard_bits.py")
+    assert run.returncode == 1 and "of 70 elements of exp_avg and the parameter differ" in run.stdout, run.stdout
+
+
+def test_torch_cpu_lerp_gives_a_signed_zero_by_length() -> None:
+    run = _run("torch_cpu_lerp_signed_zero.py")
+    assert run.returncode == 1 and "zeros(16).lerp_(-zeros(16), 1.0) is -0.0" in run.stdout, run.stdout
+
+
+def test_dcp_resume_gives_state_to_a_parameter_the_checkpoint_holds_none_for() -> None:
+    run = _run("dcp_state_dict_steps_stateless_parameters.py")
+    assert run.returncode == 1 and "has state ['exp_avg', 'exp_avg_sq', 'step'] on resume, step 1.0" in run.stdout
+
+
+@pytest.mark.slow
+def test_torch_adafactor_cannot_step_fsdp2_dtensors() -> None:
+    run = _run("torch_adafactor_dtensor.py", nproc=2)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "aten.pow_.Scalar: in-place operations that require placement changes" in run.stdout, run.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+def test_torchao_quantizes_per_local_shard() -> None:
+    pytest.importorskip("torchao", reason=LOWBIT)
+    run = _run("torchao_quantizes_per_shard.py", nproc=2)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "exp_avg of the [4096] weight is a Tensor" in run.stdout and "differs from the one-device" in run.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+def test_bitsandbytes_cannot_step_fsdp2_dtensors() -> None:
+    pytest.importorskip("bitsandbytes", reason=LOWBIT)
+    run = _run("bitsandbytes_dtensor_parameters.py", nproc=2)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "got mixed torch.Tensor and DTensor" in run.stdout, run.stdout[-2000:]
