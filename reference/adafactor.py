@@ -36,13 +36,12 @@ foreach=False)`` bit for bit (``tests/test_reference_adafactor.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from reference.muon import param_names
+from reference.adamw import PerParameter
 
 ADAFACTOR_DEFAULTS: dict[str, Any] = dict(
     lr=1e-2, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0, weight_decay=0.0, maximize=False
@@ -116,7 +115,7 @@ def adafactor_step(
     param.add_(update, alpha=-alpha / denom)
 
 
-class Adafactor(torch.optim.Optimizer):
+class Adafactor(PerParameter):
     """Adafactor on one device (see the module docstring); keyword names follow ``torch.optim.Adafactor``."""
 
     #: the settings the gates draw, each with its values, the default (the shrink target) first
@@ -135,29 +134,5 @@ class Adafactor(torch.optim.Optimizer):
     #: the state it keeps per parameter; each is compared with a candidate's state of that name
     STATE: ClassVar[tuple[str, ...]] = ("row_var", "col_var", "variance", "step")
     DEFAULTS: ClassVar[dict[str, Any]] = ADAFACTOR_DEFAULTS
-
-    def __init__(self, params: Iterable[Any], **settings: Any) -> None:
-        unknown = set(settings) - set(ADAFACTOR_DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(ADAFACTOR_DEFAULTS)}")
-        super().__init__(params, {**ADAFACTOR_DEFAULTS, **settings})
-        for gi, group in enumerate(self.param_groups):
-            validate_adafactor_settings(group)
-            for name, p in zip(param_names(group, gi), group["params"], strict=True):
-                if p.is_complex():
-                    raise ValueError(
-                        f"parameter {name!r} is complex {tuple(p.shape)}: reference.Adafactor is real only"
-                    )
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            settings = {k: group[k] for k in ADAFACTOR_DEFAULTS}
-            for p in group["params"]:
-                if p.grad is not None:
-                    adafactor_step(p, cast(Tensor, p.grad), self.state[p], **settings)
-        return loss
+    STEP = adafactor_step
+    VALIDATE = validate_adafactor_settings

@@ -44,7 +44,7 @@ torch's ``foreach`` or ``fused`` implementations, which order the same arithmeti
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal, cast, get_args
 
 import torch
@@ -160,7 +160,42 @@ def adam_step(
         param.copy_(p)
 
 
-class AdamW(torch.optim.Optimizer):
+class PerParameter(torch.optim.Optimizer):
+    """A reference that steps each parameter with a gradient on its own, ``STEP(param, grad, state,
+    **settings)``, after its settings are checked by ``VALIDATE(group)`` (``AdamW``, ``Adafactor``)."""
+
+    DEFAULTS: ClassVar[dict[str, Any]]
+    STEP: ClassVar[Callable[..., None]]
+    VALIDATE: ClassVar[Callable[[dict[str, Any]], None]]
+
+    def __init__(self, params: Iterable[Any], **settings: Any) -> None:
+        unknown = set(settings) - set(self.DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(self.DEFAULTS)}")
+        super().__init__(params, {**self.DEFAULTS, **settings})
+        for gi, group in enumerate(self.param_groups):
+            type(self).VALIDATE(group)
+            for name, p in zip(param_names(group, gi), group["params"], strict=True):
+                if p.is_complex():
+                    raise ValueError(
+                        f"parameter {name!r} is complex {tuple(p.shape)}: reference.{type(self).__name__} is real only"
+                    )
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            settings = {k: group[k] for k in self.DEFAULTS}
+            for p in group["params"]:
+                if p.grad is not None:
+                    type(self).STEP(p, cast(Tensor, p.grad), self.state[p], **settings)
+        return loss
+
+
+class AdamW(PerParameter):
     """AdamW on one device, every convention a setting (see the module docstring).
 
     Keyword names follow ``torch.optim.AdamW``; it takes parameters of any shape.
@@ -187,17 +222,8 @@ class AdamW(torch.optim.Optimizer):
     #: the state it keeps per parameter; each is compared with a candidate's state of that name
     STATE: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")
     DEFAULTS: ClassVar[dict[str, Any]] = ADAMW_DEFAULTS
-
-    def __init__(self, params: Iterable[Any], **settings: Any) -> None:
-        unknown = set(settings) - set(ADAMW_DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(ADAMW_DEFAULTS)}")
-        super().__init__(params, {**ADAMW_DEFAULTS, **settings})
-        for gi, group in enumerate(self.param_groups):
-            validate_adamw_settings(group)
-            for name, p in zip(param_names(group, gi), group["params"], strict=True):
-                if p.is_complex():
-                    raise ValueError(f"parameter {name!r} is complex {tuple(p.shape)}: reference.AdamW is real only")
+    STEP = adam_step
+    VALIDATE = validate_adamw_settings
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``Optimizer.load_state_dict``, keeping float32 moments float32 under ``state_dtype="float32"``
@@ -211,16 +237,3 @@ class AdamW(torch.optim.Optimizer):
             for key, value in state_dict["state"].get(param_id, {}).items():
                 if key != "step" and isinstance(value, Tensor):
                     self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            settings = {k: group[k] for k in ADAMW_DEFAULTS}
-            for p in group["params"]:
-                if p.grad is not None:
-                    adam_step(p, cast(Tensor, p.grad), self.state[p], **settings)
-        return loss
