@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from harness.cases import Case, ParamSpec, cases
 from harness.ranks import RankPool
 from harness.runner import Ran
-from harness.tasks.optimizer import last_phases, run_optimizer_case
+from harness.tasks.optimizer import run_optimizer_case
+from harness.tasks.phases import last_phases
 
 
 def main() -> None:

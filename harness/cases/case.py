@@ -220,6 +220,11 @@ class KernelCase:
     steps: int = 5
     seed: int = 0
 
+    @property
+    def world_size(self) -> int:
+        """A kernel runs on one rank: it sees whole matrices."""
+        return 1
+
     def describe(self) -> str:
         parts = [f"{self.input} {list(self.shape)} {self.dtype}", f"kernel {self.kernel.spec}"]
         if self.steps != 5:

@@ -73,6 +73,8 @@ _PRELOAD = [
     "torch.distributed",
     "harness.ranks.pool",
     "harness.tasks.optimizer",
+    "harness.tasks.reshard",
+    "harness.tasks.muon",
     "harness.tasks.training",
     "harness.tasks.kernel",
     "harness.tasks.selftest",

@@ -91,7 +91,7 @@ def layout_placements(ctx: RankContext, case: Any) -> dict[str, str]:
     import torch
 
     from harness.tasks.common import mesh_for
-    from harness.tasks.optimizer import build_model, case_param
+    from harness.tasks.layouts import build_model, case_param
 
     tensors = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in case.params]
     model = build_model(case, tensors, mesh_for(ctx, case.mesh, layout=case.layout))
@@ -105,7 +105,7 @@ def owner_split_work(ctx: RankContext, case: Any) -> int:
 
     from distributed_impl import ShardedMuon
     from harness.tasks.common import mesh_for
-    from harness.tasks.optimizer import build_model, case_param
+    from harness.tasks.layouts import build_model, case_param
     from reference import orthogonalize
 
     done = 0

@@ -1,0 +1,68 @@
+"""A drawn case made into the case that runs: on the session's candidate (narrowed to what it
+declared, on its conventions), with the session's kernel, and judged against the candidate
+on one device under ``--against self``. Where the candidate cannot take the case at all, the
+test skips, saying why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+
+from harness.candidates import Impl, Kernel, UnsupportedConvention
+from harness.cases import Case, ReshardCase
+from harness.tasks.training import TwinsCase
+
+#: the tasks ``--against self`` also runs on one device
+SELF_JUDGED = ("optimizer", "backward")
+
+
+@dataclass(frozen=True)
+class Adaptation:
+    """The session's candidate and kernel (``None``: the built-in ones), ``--against``, and the pool's size."""
+
+    impl: Impl | None
+    kernel: Kernel | None
+    against: str
+    nproc: int
+
+    def __call__(self, case: Any, task: str) -> Any:
+        """The case as it runs for ``task``."""
+        case = self._resolve(case)
+        if self.against == "self" and task in SELF_JUDGED and isinstance(case, Case):
+            case = replace(case, self_reference=True)
+        return case
+
+    def narrowed(self, case: Case) -> list[str]:
+        """What the candidate's narrowing and declared conventions change in ``case``."""
+        if self.impl is None:
+            return []
+        return [*self._resolve(case).narrowed, *self.impl.overridden(case)]
+
+    def _resolve(self, case: Any) -> Any:
+        if self.kernel is not None and isinstance(case, Case) and case.kernel is None:
+            case = replace(case, kernel=self.kernel.spec)
+        if self.impl is None or getattr(case, "candidate", ...) is not None:
+            return case
+        if isinstance(case, Case) and case.kernel:
+            pytest.skip(f"{self.impl.spec} brings its own Newton–Schulz: kernel gates run ShardedMuon only")
+        try:
+            if isinstance(case, ReshardCase):
+                return self._reshard(case)
+            if isinstance(case, TwinsCase):
+                return replace(case, spec=self.impl.adapt_training(case.spec))
+            if isinstance(case, Case):
+                return self.impl.adapt(case, self.nproc)
+            return self.impl.adapt_training(case)
+        except UnsupportedConvention as e:
+            pytest.skip(str(e))
+
+    def _reshard(self, case: ReshardCase) -> ReshardCase:
+        """Both sides of a resharding case on the candidate; skipped where either is narrowed."""
+        assert self.impl is not None
+        sides = [self.impl.adapt(c, self.nproc) for c in (case.before, case.after)]
+        narrowed = [n for side in sides for n in side.narrowed]
+        if narrowed:
+            pytest.skip(f"reshard: not run: narrowed for {self.impl.spec}: {'; '.join(narrowed)}")
+        return replace(case, before=sides[0], after=sides[1])

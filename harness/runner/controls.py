@@ -1,0 +1,49 @@
+"""Negative controls: a known-wrong variant must fail the gates. Hypothesis searches for an
+example the gates reject, shrinks it, and the minimal example is written with whether it is
+caught; a control the gates pass on every example fails the test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from hypothesis import Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
+
+from harness.runner.findings import fail
+from harness.runner.record import Recorder
+from reports.records import NegativeControl
+
+T = TypeVar("T")
+
+
+def search(
+    recorder: Recorder,
+    gate: str,
+    strategy: st.SearchStrategy[T],
+    caught: Callable[[T], str | None],
+    describe: Callable[[T], str],
+    *,
+    max_examples: int,
+) -> T:
+    """Searches ``strategy`` for an example ``caught`` rejects (its reason, or ``None``), shrinks
+    it, writes whether the minimal example is caught, and returns it; fails the test unless it is."""
+    __tracebackhide__ = True
+    try:
+        minimal = find(
+            strategy,
+            lambda x: caught(x) is not None,
+            settings=settings(
+                max_examples=max_examples, database=None, derandomize=True, phases=[Phase.generate, Phase.shrink]
+            ),
+        )
+    except NoSuchExample:
+        recorder.write(NegativeControl(gate, False, f"none of {max_examples} examples", "the gates passed every one"))
+        fail(f"{gate}: the gates passed a known-wrong variant on all {max_examples} examples tried")
+    message = caught(minimal)
+    record = NegativeControl(gate, message is not None, describe(minimal), message or "")
+    recorder.write(record)
+    if not record.detected:
+        fail(f"{gate} was not detected on its own minimal example {record.case}")
+    return minimal

@@ -1,0 +1,279 @@
+"""``GateRunner``: the one object a gate holds (the ``gate_runner`` fixture), putting the
+runner's jobs together: adapt the drawn case (``adapt``), run it (``dispatch``), reach and
+write its verdict (``ran``, ``record``), skip what cannot run (``policy``), remember crashes
+already shrunk (``findings``), search negative controls (``controls``), and the training
+and MoE scenarios (``scenarios``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+
+from harness.candidates import Impl, Kernel
+from harness.cases import Case
+from harness.cases.case import candidate_name
+from harness.outcomes import Classified
+from harness.ranks import LauncherGroup, RankPool
+from harness.reproduce import Rerun
+from harness.runner import controls, scenarios
+from harness.runner.adapt import Adaptation
+from harness.runner.dispatch import run_on
+from harness.runner.findings import AlreadyShrunk, ShrinkMemory, fail
+from harness.runner.policy import SkipPolicy
+from harness.runner.ran import Ran, RankCase, robust_finding
+from harness.runner.record import Recorder
+from harness.tasks.training import TrainingSpec
+from reports.records import Comparison, Header, Record, Spectrum, Status
+from reports.stream import ResultStream
+from reports.summary import GateSummary
+
+T = TypeVar("T")
+
+
+@dataclass(repr=False)
+class GateRunner:
+    """Runs cases for gates; one per pytest session (see ``harness.plugin``)."""
+
+    pool: RankPool | LauncherGroup
+    stream: ResultStream
+    launcher: bool = False
+    on_case: Callable[[str, bool], None] | None = None
+    impl: Impl | None = None
+    kernel: Kernel | None = None
+    #: what optimizer cases are judged against: ``reference`` or ``self`` (the candidate on one device)
+    against: str = "reference"
+    #: the session's options a reproduce command repeats (the plug-in fills it in)
+    rerun: Rerun = field(default_factory=Rerun)
+    #: the running test (node id) and its file; whose code it judges (``begin``)
+    nodeid: str = ""
+    path: str = ""
+    subject: str = ""
+    shrinks: ShrinkMemory = field(default_factory=ShrinkMemory)
+
+    def __post_init__(self) -> None:
+        self.recorder = Recorder(self.stream, self.on_case)
+        self.policy = SkipPolicy(self.impl, self.against, self.device)
+        self.adapt = Adaptation(self.impl, self.kernel, self.against, self.pool.nproc)
+
+    # -- the session and its tests ---------------------------------------------------------
+    @property
+    def figures(self) -> dict[str, dict[str, GateSummary]]:
+        """Per test (node id): the figures of each gate it ran (``--junitxml`` carries them)."""
+        return self.recorder.figures
+
+    @property
+    def device(self) -> str:
+        """Rank 0's device (``cpu``, ``cuda:0``)."""
+        return str((getattr(self.pool, "devices", None) or [getattr(self.pool, "device", "cpu")])[0])
+
+    def write(self, record: Record, *, sync: bool = True) -> None:
+        self.recorder.write(record, sync=sync)
+
+    def start(self, header: Header) -> None:
+        self.write(header)
+
+    def skip(self, gate: str, reason: str) -> None:
+        self.recorder.skip(gate, reason)
+
+    def begin(self, nodeid: str, path: str = "", subject: str = "candidate") -> None:
+        """A test starts (``path``: its file): what it writes is filed under it, as a verdict
+        on ``subject`` (the candidate, which the header names, unless the test is marked ``judges``)."""
+        self.nodeid, self.path, self.subject = nodeid, path, subject
+
+    def finished(self, nodeid: str, failed: bool) -> None:
+        """A test ended (``ShrinkMemory.finished``)."""
+        self.shrinks.finished(nodeid, failed)
+
+    # -- what skips ------------------------------------------------------------------------
+    def reference_only(self, gate: str) -> None:
+        self.policy.reference_only(gate)
+
+    def require(self, gate: str, features: set[str], why: str) -> None:
+        self.policy.require(gate, features, why)
+
+    def algorithm_claim(self, gate: str, about: str) -> None:
+        self.policy.algorithm_claim(gate, about)
+
+    # -- running and judging ---------------------------------------------------------------
+    def run(
+        self,
+        case: Any,
+        *,
+        task: str = "optimizer",
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Ran:
+        """Runs the case, as adapted to the session (``Adaptation``), on its ranks; writes nothing."""
+        drawn, case = case, self.adapt(case, task)
+        if case != drawn and currently_in_test_context():
+            # Hypothesis's "Falsifying example" shows the case as drawn; say how it ran.
+            note(f"as it ran (adapted to the candidate and the run's options): {case!r}")
+        return run_on(self.pool, case, task, timeout_s=timeout_s, env=env)
+
+    def check(self, gate: str, case: Any, *, task: str = "optimizer", exact: bool = False) -> Ran:
+        """Runs the case and writes it with its verdict; fails the test unless every comparison passed.
+
+        ``exact``: a hand-picked case, whose point any narrowing for the candidate removes;
+        narrowed, it is skipped with the narrowing named instead of run."""
+        __tracebackhide__ = True
+        self.policy.runnable(gate, task)
+        if exact and isinstance(case, Case):
+            self.policy.exact(gate, self.adapt.narrowed(case))
+        return self._verdict(gate, self.run(case, task=task))
+
+    def withstands(self, gate: str, case: Case) -> Ran:
+        """A robustness case: it passes if the candidate computes the reference, or refuses the
+        input with an error that names the parameter (``robust_finding``); a hang, an abort,
+        another error, or a silent difference fails it."""
+        __tracebackhide__ = True
+        self.policy.runnable(gate)
+        ran = self.run(case)
+        failure = ran.outcome.failure
+        if failure is None or failure.status != "error":
+            return self._verdict(gate, ran)
+        kind, message = robust_finding(ran)
+        self._record(gate, ran.case, ran.status if kind else "passed", message, ran.outcome.seconds)
+        if kind is not None:
+            fail(self._failure(gate, message, ran.case.describe()), kind)
+        return ran
+
+    def measured(self, gate: str, case: Any, *, task: str) -> Ran:
+        """Runs a case whose verdict the gate reaches itself (see ``judge``); a rank that
+        failed is written and fails the test here."""
+        __tracebackhide__ = True
+        ran = self.run(case, task=task)
+        failure = ran.outcome.failure
+        if failure is not None:
+            self._record(gate, ran.case, ran.status, failure.describe(), ran.outcome.seconds)
+            fail(self._failure(gate, failure.describe(), ran.case.describe()), ran.kind)
+        return ran
+
+    def judge(
+        self,
+        gate: str,
+        described: str,
+        passed: bool,
+        message: str,
+        *,
+        tier: str,
+        comparisons: Sequence[Comparison] = (),
+        figures: Mapping[str, float] | None = None,
+        spectrum: Mapping[str, Any] | None = None,
+        seconds: float = 0.0,
+    ) -> None:
+        """A verdict the gate reached itself (a band, finiteness): written, and a failure unless
+        ``passed``. ``spectrum`` (``shape``, ``dtype``, ``singular_values``, ``band``) is drawn in the report."""
+        __tracebackhide__ = True
+        if spectrum is not None:
+            self.write(
+                Spectrum(
+                    gate,
+                    tuple(spectrum["shape"]),
+                    str(spectrum["dtype"]),
+                    tuple(spectrum["singular_values"]),
+                    tuple(spectrum["band"]),  # type: ignore[arg-type]
+                ),
+                sync=False,
+            )
+        status: Status = "passed" if passed else "failed"
+        self._record(
+            gate, None, status, message, 0.0, described=described, tier=tier,
+            comparisons=tuple(comparisons), figures=dict(figures or {}),
+        )  # fmt: skip
+        if not passed:
+            fail(self._failure(gate, message, described))
+
+    def catch(
+        self,
+        gate: str,
+        strategy: st.SearchStrategy[T],
+        caught: Callable[[T], str | None],
+        describe: Callable[[T], str],
+        *,
+        max_examples: int = 300,
+    ) -> T:
+        """A negative control (``controls.search``): the minimal example the gates reject; the
+        test fails unless one is found and caught."""
+        __tracebackhide__ = True
+        return controls.search(self.recorder, gate, strategy, caught, describe, max_examples=max_examples)
+
+    def train(self, gate: str, spec: TrainingSpec) -> Mapping[str, Any]:
+        """A training gate (``scenarios.train``)."""
+        __tracebackhide__ = True
+        return scenarios.train(self, gate, spec)
+
+    def reproduce(self, gate: str, case: Any, *, env: dict[str, str] | None = None) -> Classified:
+        """An MoE scenario that may hang, abort or corrupt (``scenarios.reproduce``)."""
+        __tracebackhide__ = True
+        return scenarios.reproduce(self, gate, case, env=env)
+
+    # -- verdicts --------------------------------------------------------------------------
+    def _verdict(self, gate: str, ran: Ran) -> Ran:
+        """Writes a case that ran with its verdict; fails the test unless every comparison passed.
+        A crash another test already shrank ends this one at once (``AlreadyShrunk``)."""
+        __tracebackhide__ = True
+        message = ran.message
+        described = ran.case.describe()
+        failure = ran.outcome.failure
+        earlier = None if failure is None else self.shrinks.met(self.nodeid, failure.signature, gate, described)
+        if failure is not None and earlier is not None:
+            message = (
+                f"{message}\nnot shrunk again: gate {earlier[0]} already showed the same {failure.status} "
+                f"on: {earlier[1]}"
+            )
+        self._record(gate, ran.case, ran.status, message or "", ran.outcome.seconds, comparisons=ran.comparisons)
+        if earlier is not None:
+            raise AlreadyShrunk(self._failure(gate, message or "", described))
+        if message is not None:
+            fail(self._failure(gate, message, described), ran.kind)
+        return ran
+
+    def _record(
+        self, gate: str, case: RankCase | None, status: Status, message: str, seconds: float, *,
+        described: str = "", **kw: Any,
+    ) -> None:  # fmt: skip
+        self.recorder.case(
+            self.nodeid, gate, described or (case.describe() if case is not None else ""), status, message, seconds,
+            reproduce=self.reproduce_command() if status != "passed" else "", judged=self._judged(case),
+            case=case, **kw,
+        )  # fmt: skip
+
+    def _judged(self, case: Any) -> str:
+        """What a case judged: the test's subject, or the candidate the case itself carries
+        (a planted control) where that is not the session's."""
+        own = getattr(case, "candidate", None)
+        if own is None or (self.impl is not None and own is self.impl.factory):
+            return self.subject
+        return candidate_name(own).rpartition(":")[2]
+
+    # -- reproducing -----------------------------------------------------------------------
+    def reproduce_command(self) -> str:
+        """The command that reruns the running test from any directory (``harness.reproduce``)."""
+        if not self.nodeid:
+            return ""
+        return replace(
+            self.rerun,
+            nproc=self.pool.nproc,
+            launcher=self.launcher,
+            impl=self.impl.spec if self.impl else None,
+            kernel=self.kernel.spec if self.kernel else None,
+            against=self.against,
+        ).command(self.path, self.nodeid.partition("::")[2])
+
+    def _failure(self, gate: str, message: str, described: str) -> str:
+        command = self.reproduce_command()
+        return f"{gate}: {message}\nminimal case: {described}" + (f"\nreproduce: {command}" if command else "")
+
+    def __repr__(self) -> str:  # hypothesis prints it in every failing example
+        return (
+            f"GateRunner(nproc={self.pool.nproc}, impl={self.impl.spec if self.impl else None!r}, "
+            f"kernel={self.kernel.spec if self.kernel else None!r})"
+        )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # hypothesis's pretty printer asks for this
+        printer.text(repr(self))

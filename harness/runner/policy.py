@@ -1,0 +1,64 @@
+"""Which tests run for the session's candidate, and why the others skip: every skip names the
+gate and what the candidate did not declare (or what the session's options rule out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from harness.candidates import Impl
+
+#: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's own ``shard``)
+TASKS_OF_MODELS = ("backward", "training", "twins")
+
+
+@dataclass(frozen=True)
+class SkipPolicy:
+    """The session's candidate (``None``: the built-in one), what it is judged against, and the ranks' device."""
+
+    impl: Impl | None
+    against: str
+    device: str
+
+    def runnable(self, gate: str, task: str = "optimizer") -> None:
+        """Skips unless the candidate's conventions are the reference's to express, the ranks'
+        device type is one it declared, and (for a task of models) it takes FSDP2's layout."""
+        if self.impl is not None and self.impl.inexpressible:
+            reasons = "; ".join(self.impl.inexpressible)
+            pytest.skip(
+                f"{gate}: not run: {self.impl.spec} declares conventions the reference cannot express: {reasons}"
+            )
+        kind = torch.device(self.device).type
+        self.require(gate, {kind}, f"its ranks run on {kind}")
+        if task in TASKS_OF_MODELS:
+            self.require(gate, {"fully_shard"}, "its model is laid out by FSDP2's fully_shard")
+
+    def require(self, gate: str, features: set[str], why: str) -> None:
+        """Skips when the candidate did not declare what the claim is about."""
+        missing = self.impl.missing(features) if self.impl else []
+        if missing:
+            assert self.impl is not None
+            shown = ", ".join("more than one rank" if m == "world" else m for m in missing)
+            pytest.skip(f"{gate}: not run: {why}, and {self.impl.spec} does not declare {shown}")
+
+    def reference_only(self, gate: str) -> None:
+        """Skips under ``--against self``: the test can only compare with the reference."""
+        if self.against == "self":
+            pytest.skip(f"{gate}: compares with the reference only; --against self judges the optimizer gates")
+
+    @staticmethod
+    def algorithm_claim(gate: str, about: str) -> None:
+        """Skips unless the session's reference is Muon: the claim is about ``about``."""
+        from harness.session import gate_config
+
+        algorithm = gate_config().algorithm
+        if algorithm is not None and not algorithm.orthogonalizes:
+            pytest.skip(f"{gate}: a claim of Muon's ({about}); the session's reference is {algorithm.title}")
+
+    def exact(self, gate: str, narrowed: list[str]) -> None:
+        """Skips a hand-picked case whose point the candidate's narrowing removed."""
+        if narrowed:
+            assert self.impl is not None
+            pytest.skip(f"{gate}: not run: narrowed for {self.impl.spec}: {'; '.join(narrowed)}")

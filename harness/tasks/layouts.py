@@ -1,0 +1,107 @@
+"""A case's parameters laid out as users lay them out: ``fully_shard`` on a 1-D mesh or HSDP,
+``parallelize_module`` then ``fully_shard`` for tensor parallelism, ``distribute_tensor`` for
+expert parallelism, or the candidate's own ``shard`` function. The layout is the case's data
+(``Case.mesh``, ``tp``, ``ep``, each matrix's ``style``); no rank works out an offset by hand."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+from harness.candidates.declaration import declaration_of
+from harness.cases.case import Case
+from harness.tasks.common import read_own_sharding
+
+
+class CaseModule(nn.Module):
+    """The case's parameters, by name; under tensor parallelism each matrix is the weight of
+    an ``nn.Linear`` of its own (what ``parallelize_module`` takes)."""
+
+    def __init__(self, tensors: dict[str, Tensor], *, linears: bool = False) -> None:
+        super().__init__()
+        self.paths: dict[str, str] = {}
+        for name, t in tensors.items():
+            if linears and t.ndim == 2:
+                linear = nn.Linear(t.shape[1], t.shape[0], bias=False, device=t.device, dtype=t.dtype)
+                with torch.no_grad():
+                    linear.weight.copy_(t)
+                self.add_module(name, linear)
+                self.paths[name] = f"{name}.weight"
+            else:
+                self.register_parameter(name, nn.Parameter(t.clone()))
+
+    def param(self, name: str) -> Tensor:
+        return self.get_parameter(self.paths.get(name, name))
+
+
+def case_param(model: nn.Module, name: str) -> Tensor:
+    """A case parameter of a model the task built (``CaseModule``) or of the backward MLP."""
+    return model.param(name) if isinstance(model, CaseModule) else model.get_parameter(name)
+
+
+def zeros_of(case: Case, device: str | torch.device) -> list[Tensor]:
+    """Zero tensors of the case's parameters' shapes and dtypes (a fresh model to load into)."""
+    return [torch.zeros(s.shape, dtype=getattr(torch, s.dtype), device=device) for s in case.params]
+
+
+def build_model(
+    case: Case, tensors: list[Tensor], mesh: DeviceMesh | None, *, parallel: bool = True, linears: bool = False
+) -> nn.Module:
+    """The case's parameters in a module laid out as users lay them out: ``fully_shard`` on
+    ``mesh`` (``None``: left plain); with ``case.tp > 1`` (and ``parallel``), ``parallelize_module``
+    on the ``tp`` dim by each matrix's style, then ``fully_shard`` on ``dp`` (or HSDP on
+    ``(rep, dp)``) where there is one;
+    with ``case.ep > 1`` (and ``parallel``), expert parallelism (``expert_parallel``).
+    ``linears``: matrices as ``nn.Linear`` weights in every layout, so that their names
+    (``w0.weight``) are the same on every layout (what a checkpoint resharded across them needs)."""
+    named = {s.name: t for s, t in zip(case.params, tensors, strict=True)}
+    own = declaration_of(case.candidate).shard
+    if mesh is not None and own is not None:
+        model = CaseModule(named, linears=linears)
+        own(model, mesh)
+        read_own_sharding(((n, model.param(n), t.shape) for n, t in named.items()), case.candidate, mesh.get_rank())
+        return model
+    if mesh is not None and case.ep > 1 and parallel:
+        return expert_parallel(named, mesh)
+    if mesh is None or case.tp == 1 or not parallel:
+        model = CaseModule(named, linears=linears)
+        if mesh is not None:
+            fully_shard(model, mesh=mesh)
+        return model
+    return tensor_parallel(case, named, mesh)
+
+
+def tensor_parallel(case: Case, named: dict[str, Tensor], mesh: DeviceMesh) -> nn.Module:
+    """Each matrix an ``nn.Linear``, ``parallelize_module`` on ``tp`` by its style (the others
+    replicated, as ``parallelize_module`` leaves what it does not shard), then ``fully_shard``
+    on ``dp`` (or HSDP on ``(rep, dp)``) where the mesh has more dims."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model = CaseModule(named, linears=True)
+    tp_mesh = mesh["tp"] if mesh.ndim > 1 else mesh
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {s.name: styles[s.style]() for s in case.params if s.style in styles and s.name in model.paths}
+    parallelize_module(model, tp_mesh, plan)
+    for s in case.params:
+        if s.name not in plan:
+            owner = model.get_submodule(s.name) if s.name in model.paths else model
+            leaf = "weight" if s.name in model.paths else s.name
+            t = getattr(owner, leaf)
+            owner.register_parameter(leaf, nn.Parameter(distribute_tensor(t.detach(), tp_mesh, [Replicate()])))
+    if mesh.ndim > 1:
+        fully_shard(model, mesh=mesh["dp"] if mesh.ndim == 2 else mesh["rep", "dp"])
+    return model
+
+
+def expert_parallel(named: dict[str, Tensor], mesh: DeviceMesh) -> nn.Module:
+    """Expert parallelism on ``(ep, efsdp)``: each 3-D stack's experts split over ``ep`` and its
+    rows over ``efsdp`` (``distribute_tensor``, as an expert-parallel plan leaves them);
+    every other parameter HSDP-like, replicated over ``ep`` and sharded over ``efsdp``."""
+    model = CaseModule(named)
+    for name, t in named.items():
+        placements = [Shard(0), Shard(1)] if t.ndim == 3 else [Replicate(), Shard(0)]
+        model.register_parameter(name, nn.Parameter(distribute_tensor(t, mesh, placements, src_data_rank=None)))
+    return model
