@@ -1,5 +1,6 @@
 """Known-wrong sharded AdamWs: each plants one bug that sharded Adam implementations have
 shipped; the AdamW gates must catch every one (``test_adamw_gates.py``), or they prove nothing.
+The low-bit ones (``LOWBIT_CONTROLS``) are judged against ``reference.LowBitAdamW``.
 
 ``PlantedAdamW`` is a correct sharded AdamW built from public parts only: the reference's own
 elementwise step (``reference.adam_step``) on each DTensor parameter's local piece, its state
@@ -16,7 +17,8 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from reference import ADAMW_DEFAULTS, AdamW, adam_step, init_adam_state
+from harness.tasks.common import local_piece
+from reference import ADAMW_DEFAULTS, QUANTIZED, AdamW, LowBitAdamW, adam_step, init_adam_state, quantized
 
 
 def _local(t: Tensor) -> Tensor:
@@ -81,4 +83,63 @@ class L2DecayAdamW(PlantedAdamW):
 
 ADAMW_CONTROLS: dict[str, type[PlantedAdamW]] = {
     cls.__name__: cls for cls in (RankStepAdamW, EpsInsideAdamW, L2DecayAdamW)
+}
+
+
+class PlantedLowBitAdamW(LowBitAdamW):
+    """A correct sharded low-bit AdamW: ``reference.adam_step`` on each local piece, then each
+    moment stored as its codes stand for it in the *whole* tensor's blocks (this rank's piece
+    of ``reference.lowbit.quantized`` of the gathered moment), where the whole tensor is large
+    enough. Each rank gathers every moment whether or not it stores the codes, so that a
+    control deciding otherwise on some ranks still enters the same collectives."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for group in self.param_groups:
+            settings = {k: group[k] for k in ADAMW_DEFAULTS}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                adam_step(_local(p), _local(cast(Tensor, p.grad)), state, **settings)
+                for key, levels in QUANTIZED.items():
+                    if key in state:
+                        coded = self.codes(p, state[key], group["block_size"], levels)
+                        if self.quantizes(p, group["min_quantized_numel"]):
+                            state[key].copy_(coded)
+        return None
+
+    def quantizes(self, p: Tensor, least: int) -> bool:
+        """Whether ``p``'s moments are stored as codes: by the whole tensor's size."""
+        return p.numel() >= least
+
+    def codes(self, p: Tensor, piece: Tensor, block_size: int, levels: int) -> Tensor:
+        """This rank's piece of a moment as its codes stand for it, in the whole tensor's blocks."""
+        whole = piece
+        if isinstance(p, DTensor):
+            whole = DTensor.from_local(
+                piece, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
+            ).full_tensor()
+        return local_piece(quantized(whole, block_size=block_size, levels=levels), p)
+
+
+class LocalBlockScaleAdamW(PlantedLowBitAdamW):
+    """Takes its blocks along the local piece, so a block's scale is the largest magnitude of the
+    piece's block, not of the whole tensor's: wrong wherever a piece does not start a block."""
+
+    def codes(self, p: Tensor, piece: Tensor, block_size: int, levels: int) -> Tensor:
+        return quantized(piece, block_size=block_size, levels=levels)
+
+
+class LocalThresholdAdamW(PlantedLowBitAdamW):
+    """Decides whether to store codes by the local piece's size, as torchao 0.18 does
+    (``examples/findings/torchao_quantizes_per_shard.py``): a tensor quantized on one device
+    keeps float32 moments on ranks whose piece is small."""
+
+    def quantizes(self, p: Tensor, least: int) -> bool:
+        return _local(p).numel() >= least
+
+
+LOWBIT_CONTROLS: dict[str, type[PlantedLowBitAdamW]] = {
+    cls.__name__: cls for cls in (LocalBlockScaleAdamW, LocalThresholdAdamW)
 }

@@ -1,6 +1,8 @@
 """Claims: ``torch.optim.AdamW`` and ``Adam`` on FSDP2's DTensor parameters compute
 ``reference.AdamW`` bit for bit, at every world size, over several steps and through a
-checkpoint; and every planted AdamW bug (``adamw_controls.py``) fails these gates.
+checkpoint; and every planted AdamW bug (``adamw_controls.py``) fails these gates, the
+low-bit ones (a block's scale, or whether to quantize, taken from the local piece) against
+``reference.LowBitAdamW``.
 
 How both sides get identical inputs: as for Muon (``harness.tasks.optimizer``): every rank
 draws the full parameters and gradients from the case's seed, the reference steps them on one
@@ -15,14 +17,16 @@ and are judged against their own one-device selves in the matrix instead.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reference
-from gates.adamw_controls import ADAMW_CONTROLS, PlantedAdamW
+from gates.adamw_controls import ADAMW_CONTROLS, LOWBIT_CONTROLS, PlantedAdamW, PlantedLowBitAdamW
 from gates.examples import torch_adam
 from harness.algorithms import Algorithm
 from harness.candidates import Impl
@@ -32,6 +36,7 @@ from harness.session import drawn, gate_config
 pytestmark = pytest.mark.gate
 
 ADAMW = Algorithm.of(reference.AdamW)
+LOWBIT = Algorithm.of(reference.LowBitAdamW)
 TORCH = "torch.optim.AdamW and Adam (for-loop) on FSDP2 (gates/examples/torch_adam.py)"
 
 
@@ -50,7 +55,10 @@ def _shard_invariant(case: Case) -> Case:
     return replace(case, settings=tuple(settings.items()))
 
 
-CONTROL_CASES = cases(algorithm=ADAMW, max_world=2, max_steps=3, max_params=2).map(_shard_invariant)
+CONTROL_CASES = {
+    algorithm.name: cases(algorithm=algorithm, max_world=2, max_steps=3, max_params=2).map(_shard_invariant)
+    for algorithm in (ADAMW, LOWBIT)
+}
 
 
 @pytest.mark.judges(TORCH, "torch.optim.AdamW")
@@ -62,7 +70,7 @@ def test_torch_adam_on_fsdp2_matches_reference_adamw_bitwise(gate_runner: Any, f
     gate_runner.check(f"adamw:{factory.__name__}", impl.adapt(case, gate_config().nproc))
 
 
-def _planted(case: Case, control: type[PlantedAdamW]) -> Case:
+def _planted(case: Case, control: type[reference.AdamW]) -> Case:
     return replace(case, candidate=control, world_size=2, mesh=(2,))
 
 
@@ -71,25 +79,36 @@ pytest_controls = pytest.mark.judges(
 )
 
 
+#: the correct planted AdamW of each reference, and the controls built on it
+PLANTED: dict[str, tuple[type[reference.AdamW], Mapping[str, type[reference.AdamW]]]] = {
+    "AdamW": (PlantedAdamW, ADAMW_CONTROLS),
+    "LowBitAdamW": (PlantedLowBitAdamW, LOWBIT_CONTROLS),
+}
+
+
 @pytest_controls
-@given(case=CONTROL_CASES)
+@pytest.mark.parametrize("algorithm", sorted(PLANTED))
+@given(data=st.data())
 @settings(max_examples=max(5, settings().max_examples // 10))
-def test_unplanted_adamw_control_matches_the_reference(gate_runner: Any, case: Case) -> None:
-    """The AdamW the controls are built on is correct: each bug is the only difference."""
+def test_unplanted_adamw_control_matches_the_reference(gate_runner: Any, algorithm: str, data: Any) -> None:
+    """The AdamW each reference's controls are built on is correct: each bug is the only difference."""
     if gate_config().nproc < 2:
         pytest.skip("the controls run on two ranks")
-    gate_runner.check("negative:unplanted AdamW", _planted(case, PlantedAdamW))
+    planted, _ = PLANTED[algorithm]
+    gate_runner.check(f"negative:unplanted {algorithm}", _planted(data.draw(CONTROL_CASES[algorithm]), planted))
 
 
 @pytest_controls
-@pytest.mark.parametrize("control", sorted(ADAMW_CONTROLS))
-def test_gates_catch_adamw_negative_control(gate_runner: Any, control: str) -> None:
+@pytest.mark.parametrize(
+    ("algorithm", "control"), [(a, c) for a, (_, controls) in sorted(PLANTED.items()) for c in sorted(controls)]
+)
+def test_gates_catch_adamw_negative_control(gate_runner: Any, algorithm: str, control: str) -> None:
     if gate_config().nproc < 2:
         pytest.skip("the controls run on two ranks")
-    planted = ADAMW_CONTROLS[control]
+    planted = PLANTED[algorithm][1][control]
     minimal = gate_runner.catch(
         f"negative:{control}",
-        CONTROL_CASES,
+        CONTROL_CASES[algorithm],
         lambda case: gate_runner.run(_planted(case, planted)).message,
         lambda case: _planted(case, planted).describe(),
     )

@@ -1,7 +1,9 @@
-"""Single-device references: Muon (+ AdamW for everything that is not a hidden matrix), AdamW and Adafactor."""
+"""Single-device references: Muon (+ AdamW for everything that is not a hidden matrix), AdamW, AdamW with
+block-quantized moments (``LowBitAdamW``) and Adafactor."""
 
 from reference.adafactor import ADAFACTOR_DEFAULTS, Adafactor, adafactor_step, validate_adafactor_settings
 from reference.adamw import ADAMW_DEFAULTS, AdamW, adam_step, init_adam_state, validate_adamw_settings
+from reference.lowbit import LOWBIT_DEFAULTS, QUANTIZED, LowBitAdamW, lowbit_adam_step, quantized
 from reference.muon import (
     MUON_DEFAULTS,
     Interval,
@@ -21,10 +23,13 @@ from reference.muon import (
 __all__ = [
     "ADAFACTOR_DEFAULTS",
     "ADAMW_DEFAULTS",
+    "LOWBIT_DEFAULTS",
     "MUON_DEFAULTS",
+    "QUANTIZED",
     "Adafactor",
     "AdamW",
     "Interval",
+    "LowBitAdamW",
     "Muon",
     "adafactor_step",
     "adam_step",
@@ -33,11 +38,13 @@ __all__ = [
     "coefficient_schedule",
     "group_orthogonalizer",
     "init_adam_state",
+    "lowbit_adam_step",
     "lr_scale",
     "momentum_update",
     "orthogonalize",
     "orthogonalize_batch",
     "param_names",
+    "quantized",
     "validate_adafactor_settings",
     "validate_adamw_settings",
     "validate_settings",

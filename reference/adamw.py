@@ -222,7 +222,7 @@ class AdamW(PerParameter):
     #: the state it keeps per parameter; each is compared with a candidate's state of that name
     STATE: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")
     DEFAULTS: ClassVar[dict[str, Any]] = ADAMW_DEFAULTS
-    STEP = adam_step
+    STEP: ClassVar[Callable[..., None]] = adam_step
     VALIDATE = validate_adamw_settings
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
