@@ -1,4 +1,7 @@
-"""Claims: FSDP2 + the sharded Muon trains a small transformer exactly like one process, and it learns.
+"""Claims: FSDP2 + the sharded optimizer trains a small transformer exactly like one process, and it learns.
+
+The reference is the session's: ``reference.Muon``, or the one an ``--impl`` candidate names
+(``reference.AdamW`` for torch's AdamW), on that reference's defaults.
 
 Both sides compute their own gradients (``harness.tasks.training``): the sharded model on each
 rank's micro-batch, the single-process reference on every rank's micro-batch, stepping on
@@ -19,6 +22,8 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
+import reference
+from gates.adamw_controls import L2DecayAdamW
 from gates.negative_controls import OffByOneRowsMuon
 from harness.models.transformer import TransformerCase
 from harness.session import gate_config
@@ -98,6 +103,22 @@ def test_training_twins_catch_off_by_one_shard_boundary(gate_runner: Any) -> Non
     gate_runner.catch(
         "negative:training:twins:OffByOneRowsMuon",
         st.just(planted),
+        lambda case: gate_runner.run(case, task="twins").message,
+        TwinsCase.describe,
+        max_examples=1,
+    )
+
+
+@pytest.mark.judges("the training-twins gate, with a planted AdamW bug (negative control)", "muongate: gates")
+def test_training_twins_catch_an_adamw_that_decays_through_the_gradient(gate_runner: Any) -> None:
+    """The twins under another reference: ``reference.AdamW`` against a planted AdamW that adds
+    its weight decay to the gradient (``L2DecayAdamW``), on the same FSDP2 transformer."""
+    spec = TransformerCase(
+        "planted L2 decay, twins", steps=2, candidate=L2DecayAdamW, reference=reference.AdamW, settings=()
+    )
+    gate_runner.catch(
+        "negative:training:twins:L2DecayAdamW",
+        st.just(TwinsCase(spec)),
         lambda case: gate_runner.run(case, task="twins").message,
         TwinsCase.describe,
         max_examples=1,

@@ -17,6 +17,9 @@ as class attributes, what the gates need to know about its algorithm:
     ``use_muon=True`` groups take ``PARAM_NDIMS`` and its other groups run AdamW on anything.
 ``STATE``
     the state it keeps per parameter, compared by name with a candidate's.
+``ELEMENTWISE`` (optional, default ``False``)
+    ``True`` where every element's step reads that element alone (AdamW): a piece of a
+    parameter steps on its own, and scenarios whose meaning needs the whole tensor skip.
 
 The gates whose claim holds for any algorithm (one step, several steps, checkpoints,
 resharding, world sizes, robustness, layouts, ``--against self``) draw from these; the
@@ -50,6 +53,8 @@ class Algorithm:
     ndims: tuple[int, ...] = ()
     #: the state compared by name; ``None``: every state tensor both sides hold (``--reference none``)
     state: tuple[str, ...] | None = ()
+    #: every element's step reads that element alone (``ELEMENTWISE``)
+    elementwise: bool = False
 
     @property
     def name(self) -> str:
@@ -103,7 +108,10 @@ class Algorithm:
         ndims = tuple(factory.PARAM_NDIMS)
         if not ndims or any(n not in (0, 1, 2, 3) for n in ndims):
             raise ValueError(f"--reference {spec}: PARAM_NDIMS {ndims} must be some of 0, 1, 2, 3")
-        return cls(spec, factory, defaults, dict(factory.SPACE), dict(factory.CONVENTIONS), ndims, tuple(factory.STATE))
+        return cls(
+            spec, factory, defaults, dict(factory.SPACE), dict(factory.CONVENTIONS), ndims, tuple(factory.STATE),
+            bool(getattr(factory, "ELEMENTWISE", False)),
+        )  # fmt: skip
 
     @classmethod
     def load(cls, spec: str) -> Algorithm:

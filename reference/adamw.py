@@ -221,6 +221,8 @@ class AdamW(PerParameter):
     PARAM_NDIMS: ClassVar[tuple[int, ...]] = (0, 1, 2, 3)
     #: the state it keeps per parameter; each is compared with a candidate's state of that name
     STATE: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")
+    #: every element's step reads that element alone
+    ELEMENTWISE: ClassVar[bool] = True
     DEFAULTS: ClassVar[dict[str, Any]] = ADAMW_DEFAULTS
     STEP: ClassVar[Callable[..., None]] = adam_step
     VALIDATE = validate_adamw_settings

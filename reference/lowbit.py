@@ -96,6 +96,8 @@ class LowBitAdamW(AdamW):
         "min_quantized_numel": (4096, 0, 1, 16),
     }
     CONVENTIONS: ClassVar[dict[str, tuple[Any, ...]]] = {**AdamW.CONVENTIONS, "state_dtype": ("float32",)}
+    #: a block's scale reads the whole block, across pieces
+    ELEMENTWISE: ClassVar[bool] = False
     DEFAULTS: ClassVar[dict[str, Any]] = LOWBIT_DEFAULTS
     STEP = lowbit_adam_step
     VALIDATE = validate_lowbit_settings

@@ -233,3 +233,19 @@ def _module_level(module: str, name: str, **declared: object) -> str:
     sys.modules[module] = type(sys)(module)
     setattr(sys.modules[module], name, factory)
     return f"{module}:{name}"
+
+
+@pytest.mark.slow
+def test_any_torch_optimizer_is_judged_against_itself_with_no_reference(tmp_path: Path) -> None:
+    """``--reference none --against self``: torch's own AdamW, declared nowhere, sharded by FSDP2
+    against itself on one device, through the optimizer and robustness gates; the gates that
+    compare with a reference skip, saying so."""
+    result = _run(
+        tmp_path, "--impl", "torch.optim:AdamW", "--reference", "none", "--against", "self",
+        "--hypothesis-profile", "dev", "-k", "one_sharded_step or several_steps or robust", "-rs",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"\b[5-9] passed", result.stdout), result.stdout[-3000:]
+    assert (
+        "robust:rank-asymmetric-gradient: a gradient on some ranks only has no single-device meaning" in result.stdout
+    )

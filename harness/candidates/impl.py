@@ -186,21 +186,26 @@ class Impl:
     def adapt_training(self, spec: Any) -> Any:
         """A training spec (MoE scenario, transformer) run with this candidate on its conventions;
         ``UnsupportedConvention`` when it cannot take the model's world size or parameters, or
-        implements another reference than the Muon the models train with."""
+        implements another reference than Muon for a model that trains with Muon only (the MoE
+        scenarios, ``--model``'s models). A transformer trains with the candidate's reference, on
+        that reference's defaults and the candidate's conventions."""
         self._check_expressible()
-        if self.algorithm.in_case is not None:
+        other = self.algorithm.in_case
+        if other is not None and not (self.algorithm.factory is not None and hasattr(spec, "reference")):
             raise UnsupportedConvention(
-                f"{self.spec} implements {self.algorithm.title}; the training and MoE gates train with reference.Muon"
+                f"{self.spec} implements {self.algorithm.title}; this model trains with reference.Muon only"
             )
         if self.max_world is not None and spec.world_size > self.max_world:
             raise UnsupportedConvention(
                 f"{self.spec} supports world sizes up to {self.max_world}; the model needs {spec.world_size}"
             )
-        missing = {"adamw"} - self.features
+        missing = {"adamw"} - self.features if self.algorithm.hybrid else set()
         if getattr(spec, "wrapping", None) == "stacked":
             missing |= {"experts"} - self.features
         if missing:
             raise UnsupportedConvention(f"{self.spec} does not declare {sorted(missing)}, which this model needs")
+        if other is not None:
+            return replace(spec, candidate=self.factory, reference=other, settings=self.conventions)
         settings = {**dict(spec.settings), **dict(self.conventions)}
         return replace(spec, candidate=self.factory, settings=tuple(settings.items()))
 

@@ -52,6 +52,8 @@ class TransformerCase:
         default=(("lr", 0.02), ("weight_decay", 0.01), ("adamw_lr", 3e-3), ("adamw_weight_decay", 0.01))
     )
     adamw_modules: tuple[str, ...] = ("embed", "head")
+    #: the reference class it trains against (``None``: ``reference.Muon``; ``harness.algorithms``)
+    reference: Any = None
 
     def describe(self) -> str:
         qkv = "fused QKV [3d, d]" if self.fused_qkv else "separate Q, K, V [d, d]"

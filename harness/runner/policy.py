@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from harness.candidates import Impl
+from harness.runner.adapt import SELF_JUDGED
 
 #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's own ``shard``)
 TASKS_OF_MODELS = ("backward", "training", "twins")
@@ -34,6 +35,8 @@ class SkipPolicy:
         self.require(gate, {kind}, f"its ranks run on {kind}")
         if task in TASKS_OF_MODELS:
             self.require(gate, {"fully_shard"}, "its model is laid out by FSDP2's fully_shard")
+        if task not in SELF_JUDGED and self.impl is not None and self.impl.algorithm.factory is None:
+            pytest.skip(f"{gate}: compares with a reference, and the session has none (--reference none)")
 
     def require(self, gate: str, features: set[str], why: str) -> None:
         """Skips when the candidate did not declare what the claim is about."""

@@ -18,7 +18,7 @@ from harness.ranks import RankContext
 from harness.tasks.common import local_of, local_piece, mesh_for, shard_like, whole, whole_of_piece
 from harness.tasks.layouts import build_model, case_param
 from harness.tasks.result import TaskResult
-from harness.tasks.sides import by_name, candidate_side, kernel_of, reference_side
+from harness.tasks.sides import by_name, candidate_side, kernel_of, only_reference
 
 
 def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
@@ -33,7 +33,7 @@ def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
 
     device = torch.device(ctx.device)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
-    ref = reference_side(case, tensors)
+    ref = only_reference(case, tensors)
     ref_by_name = by_name(ref)
     mesh = mesh_for(ctx, case.mesh, layout=case.layout)
     model = build_model(case, tensors, mesh)

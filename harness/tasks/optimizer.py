@@ -62,14 +62,16 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
             mine = g
             if g is not None and spec.grad == "rank_asymmetric":
                 g, mine = _on_rank_zero_only(ctx, g, case_param(model, spec.name))
-            ref_by_name[spec.name].grad = g
+            if ref is not None:
+                ref_by_name[spec.name].grad = g
             p = case_param(model, spec.name)
             p.grad = None if mine is None else shard_like(mine, p)
             if twin is not None:
                 p = case_param(twin[0], spec.name)
                 p.grad = None if g is None else shard_like(g, p)
         phases.lap("inputs")
-        ref.step()
+        if ref is not None:
+            ref.step()
         phases.lap("reference step")
         opt.step()
         phases.lap("candidate step (with its collectives)")
@@ -169,11 +171,13 @@ def run_backward_case(ctx: RankContext, case: Case) -> TaskResult:
         for spec in case.params:
             grad = model.get_parameter(spec.name).grad
             full = grad.full_tensor() if isinstance(grad, DTensor) else grad
-            ref_by_name[spec.name].grad = full
+            if ref is not None:
+                ref_by_name[spec.name].grad = full
             if twin is not None:
                 p = case_param(twin[0], spec.name)
                 p.grad = None if full is None else shard_like(full, p)
-        ref.step()
+        if ref is not None:
+            ref.step()
         opt.step()
         opt.zero_grad()
         records += against_reference(case, step, ctx.rank, ref, opt, model)

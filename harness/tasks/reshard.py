@@ -17,7 +17,7 @@ from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, remove_
 from harness.tasks.common import compare_params_and_state, mesh_for, shard_like
 from harness.tasks.layouts import build_model, case_param, zeros_of
 from harness.tasks.result import TaskResult
-from harness.tasks.sides import Side, by_name, candidate_side, reference_side
+from harness.tasks.sides import Side, by_name, candidate_side, only_reference
 from reports.records import Comparison
 
 
@@ -28,7 +28,7 @@ def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
     device = torch.device(ctx.device)
     case = rc.after
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
-    ref = reference_side(case, tensors)
+    ref = only_reference(case, tensors)
     ref_by_name = by_name(ref)
     path = checkpoint_dir(ctx)
 

@@ -38,8 +38,11 @@ def kernel_of(case: Case) -> Callable[..., Tensor] | None:
     return orthogonalizer(case.kernel) if case.kernel else None
 
 
-def reference_side(case: Case, tensors: list[Tensor]) -> torch.optim.Optimizer:
-    """The case's reference (``harness.algorithms``) on plain copies of the full tensors."""
+def reference_side(case: Case, tensors: list[Tensor]) -> torch.optim.Optimizer | None:
+    """The case's reference (``harness.algorithms``) on plain copies of the full tensors; ``None``
+    under ``--reference none``, where the candidate's one-device twin is the only other side."""
+    if reference_of(case).factory is None:
+        return None
     plain: list[Tensor] = [nn.Parameter(t.clone()) for t in tensors]
     kernel = {"orthogonalize_fn": kernel_of(case)} if case.kernel else {}
     return cast(
@@ -47,8 +50,18 @@ def reference_side(case: Case, tensors: list[Tensor]) -> torch.optim.Optimizer:
     )
 
 
-def by_name(ref: torch.optim.Optimizer) -> dict[str, Tensor]:
-    """The reference's parameters by case name, as its param groups name them."""
+def only_reference(case: Case, tensors: list[Tensor]) -> torch.optim.Optimizer:
+    """``reference_side`` for a task that compares with the reference alone (it skips without one)."""
+    ref = reference_side(case, tensors)
+    if ref is None:
+        raise ValueError(f"{case.describe()}: the task compares with a reference; --reference none names none")
+    return ref
+
+
+def by_name(ref: torch.optim.Optimizer | None) -> dict[str, Tensor]:
+    """The reference's parameters by case name, as its param groups name them (none without one)."""
+    if ref is None:
+        return {}
     return {name: p for g in ref.param_groups for name, p in zip(g["param_names"], g["params"], strict=True)}
 
 
@@ -83,10 +96,10 @@ def unparallel(case: Case, tensors: list[Tensor]) -> Callable[[DeviceMesh | None
 
 
 def against_reference(
-    case: Case, step: int, rank: int, ref: torch.optim.Optimizer, opt: torch.optim.Optimizer, model: nn.Module
+    case: Case, step: int, rank: int, ref: torch.optim.Optimizer | None, opt: torch.optim.Optimizer, model: nn.Module
 ) -> list[Comparison]:
     """This rank's pieces against the reference's (none under ``--reference none``)."""
-    if reference_of(case).factory is None:
+    if ref is None:
         return []
     ref_by_name = by_name(ref)
     pairs = ((s.name, ref_by_name[s.name], case_param(model, s.name)) for s in case.params)

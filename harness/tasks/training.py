@@ -3,7 +3,7 @@
 Optimizer gates feed identical gradients; here both sides compute them. Every rank builds
 the same model from the case's seed and keeps two copies: one under ``fully_shard`` with
 the candidate optimizer, trained on this rank's micro-batch, and a single-process
-reference with ``reference.Muon``, which runs every rank's micro-batch itself and steps on
+reference (the spec's ``reference``: ``reference.Muon`` unless it names another), which runs every rank's micro-batch itself and steps on
 the mean of their gradients, as FSDP2's reduce-scatter does. After every step the loss,
 every gradient, every parameter and every optimizer state tensor is compared on this
 rank's shard (no collective outside FSDP2 and the optimizer, so a wrong model cannot make
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-import reference
+from harness.algorithms import reference_of
 from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
 from harness.ranks import RankContext
@@ -116,16 +116,40 @@ def model_groups(spec: TrainingSpec, model: nn.Module) -> list[dict[str, Any]]:
     return param_groups((name, p, use_muon(name, p)) for name, p in model.named_parameters())
 
 
+def spec_groups(spec: TrainingSpec, model: nn.Module) -> list[dict[str, Any]]:
+    """The param groups of the spec's reference: a hybrid one's (Muon's) ``model_groups``, else
+    one group of every parameter, by name."""
+    if reference_of(spec).hybrid:
+        return model_groups(spec, model)
+    named = list(model.named_parameters())
+    return [{"params": [p for _, p in named], "param_names": [n for n, _ in named]}]
+
+
+def reference_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Optimizer:
+    """The spec's reference on ``model``'s parameters, with its settings."""
+    factory = reference_of(spec).factory
+    return factory(spec_groups(spec, model), **optimizer_settings(spec.settings))  # type: ignore[no-any-return]
+
+
+def candidate_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Optimizer:
+    """The spec's candidate on ``model``'s parameters; a reference other than Muon's gives it every
+    setting, its defaults included, as the optimizer gates do."""
+    algorithm = reference_of(spec)
+    settings = optimizer_settings(spec.settings)
+    if not algorithm.hybrid:
+        settings = {**algorithm.defaults, **settings}
+    return factory_of(spec.candidate)(spec_groups(spec, model), **settings)
+
+
 def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     """Trains both sides ``spec.steps`` steps; the comparisons, and the loss curve (the mean of
     the per-rank losses at each step, in bits per byte where the spec's loss is per byte)."""
     device = torch.device(ctx.device)
     ref_model = spec.build().to(device)
     model = copy.deepcopy(ref_model)
-    settings = optimizer_settings(spec.settings)
-    ref_opt = reference.Muon(model_groups(spec, ref_model), **settings)
+    ref_opt = reference_optimizer(spec, ref_model)
     spec.shard(model, mesh_for(ctx, (spec.world_size,)))
-    opt = factory_of(spec.candidate)(model_groups(spec, model), **settings)
+    opt = candidate_optimizer(spec, model)
     tier = BITWISE if spec.world_size <= 2 else reduction_order(spec)
     loss_tier = BITWISE if spec.world_size <= 2 else reduction_order_loss(spec)
     records: list[Comparison] = []
@@ -150,7 +174,7 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
         opt.zero_grad()
         pairs = ((name, ref_p, names[name]) for name, ref_p in ref_model.named_parameters())
         records += compare_params_and_state(
-            pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference.Muon.STATE, tier=tier
+            pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference_of(spec).state, tier=tier
         )
     held_out.append(spec.evaluate(ref_model, device))
     return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out})
@@ -190,7 +214,7 @@ class TwinsCase:
 def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
     """The same FSDP2 model twice from one seed, on this rank's micro-batches, accumulated
     over ``accumulate`` of them per step (``set_requires_gradient_sync`` off for all but the
-    last): one twin steps with the candidate; the other with ``reference.Muon`` on the full
+    last): one twin steps with the candidate; the other with the reference on the full
     gathered parameters and gradients, each rank then keeping its own piece. Both twins run
     the same forward and backward collectives, so gradients, parameters and optimizer state
     must agree bit for bit at any world size: a claim about the optimizer alone, with none
@@ -213,10 +237,9 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
         for m in (model, twin):
             spec.shard(m, mesh)
         data_rank = ctx.rank
-    settings = optimizer_settings(spec.settings)
-    opt = factory_of(spec.candidate)(model_groups(spec, model), **settings)
+    opt = candidate_optimizer(spec, model)
     full = {name: nn.Parameter(_whole(p).detach().clone()) for name, p in twin.named_parameters()}
-    ref_opt = reference.Muon(model_groups(spec, _Params(full)), **settings)
+    ref_opt = reference_optimizer(spec, _Params(full))
     names, twins = dict(model.named_parameters()), dict(twin.named_parameters())
     records: list[Comparison] = []
     for step in range(spec.steps):
@@ -239,7 +262,9 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
             for name, p in twins.items():
                 local_of(p).copy_(local_piece(full[name].detach(), p))
         pairs = ((name, full[name], names[name]) for name in full)
-        records += compare_params_and_state(pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference.Muon.STATE)
+        records += compare_params_and_state(
+            pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference_of(spec).state
+        )
     return TaskResult(tuple(records))
 
 
@@ -307,7 +332,7 @@ def train_steps(ctx: RankContext, payload: tuple[str, TrainingSpec, int, int]) -
         _RUNS.clear()
         model = spec.build().to(device)
         spec.shard(model, mesh_for(ctx, (spec.world_size,)))
-        opt = factory_of(spec.candidate)(model_groups(spec, model), **optimizer_settings(spec.settings))
+        opt = candidate_optimizer(spec, model)
         _RUNS[run_id] = (model, opt)
     model, opt = _RUNS[run_id]
     losses = []
