@@ -49,7 +49,8 @@ class FullCopies(torch.optim.Optimizer):
         param_groups: list[dict[str, Any]],
         build: Callable[[list[dict[str, Any]]], torch.optim.Optimizer | list[torch.optim.Optimizer]],
     ) -> None:
-        super().__init__([{"params": g["params"], "use_muon": g["use_muon"]} for g in param_groups], {})
+        # a hybrid reference's groups say which take Muon; under --reference none there is one group
+        super().__init__([{"params": g["params"], "use_muon": g.get("use_muon", True)} for g in param_groups], {})
         self._pairs: list[tuple[Tensor, Tensor]] = []
         copied = []
         for group in param_groups:

@@ -78,6 +78,7 @@ def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
         "--hypothesis-profile", args.profile, "--gate-report", str(directory), "--gate-device", args.gate_device,
         *(["-k", args.k] if args.k and adapter.kind == "optimizer" else []),
         *(["--against", args.against] if adapter.kind == "optimizer" else []),
+        *(["--reference", args.reference] if args.reference and adapter.kind == "optimizer" else []),
     ]  # fmt: skip
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
@@ -186,7 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--against",
         default="reference",
         choices=("reference", "self"),
-        help="what the optimizers are judged against: reference.Muon, or each one's own single-device self",
+        help="what the optimizers are judged against: their reference, or each one's own single-device self",
+    )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        metavar="MODULE:CLASS",
+        help="every optimizer's reference (default: the one each declares); none, with --against self, for none",
     )
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one adapter's run may take")
     parser.add_argument("--out", default="muongate-matrix", help="directory for the runs and the matrix")

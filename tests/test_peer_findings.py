@@ -59,9 +59,10 @@ def test_muon_fsdp2_fails_on_a_mesh_that_is_a_slice_of_the_world() -> None:
     assert "rank 1 (mesh [1]): step failed: ValueError: Argument ``gather_list`` must be specified" in run.stdout
 
 
-@pytest.mark.parametrize("package", ["keller", "pytorch_optimizer"])
+@pytest.mark.parametrize("package", ["keller", "pytorch_optimizer", "optimuon"])
 def test_ddp_style_muons_cannot_gather_matrices_of_different_shapes_on_gloo(package: str) -> None:
-    pytest.importorskip("muon" if package == "keller" else "pytorch_optimizer", reason="the peers extra")
+    module = {"keller": "muon"}.get(package, package)
+    pytest.importorskip(module, reason="the peers extra")
     run = _torchrun("ddp_muon_mixed_shapes.py", 2, package)
     assert run.returncode != 0, run.stdout[-2000:]
     assert (
@@ -158,3 +159,27 @@ def test_emerging_optimizers_distributed_tp_mode_is_other_arithmetic_than_its_du
     assert run.stdout.count("duplicated vs one device max|diff| 0,") == 4 * nproc, run.stdout
     square = re.search(rf"rank 0 of {nproc}: \[8, 8\] split on dim 0: .* distributed vs duplicated (\S+)", run.stdout)
     assert square is not None and float(square[1]) > 0, run.stdout
+
+
+def test_optimuon_ddp_path_cannot_gather_a_float32_and_a_bf16_matrix() -> None:
+    pytest.importorskip("optimuon", reason="the peers extra")
+    run = _torchrun("optimuon_ddp_path.py", 2, "dtypes")
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "DDP step failed: ValueError: Invalid usage of tensors with different dtypes" in run.stdout
+
+
+def test_optimuon_ddp_path_loses_the_momentum_of_a_matrix_that_changes_owner() -> None:
+    pytest.importorskip("optimuon", reason="the peers extra")
+    run = _torchrun("optimuon_ddp_path.py", 2, "unfrozen")
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "matrix 0: DDP path == single-device path" in run.stdout
+    assert "matrix 2: DDP path != single-device path" in run.stdout, run.stdout[-2000:]
+
+
+def test_optimuon_single_device_defaults_are_other_bits_than_its_loop() -> None:
+    """A convention, not a bug: the reason the adapter compares the DDP path with the loop."""
+    pytest.importorskip("optimuon", reason="the peers extra")
+    run = _run(str(FINDINGS / "optimuon_paths_differ.py"))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "bf16 [4, 4], foreach: default != loop" in run.stdout
+    assert "two float32 [7, 5], batched Newton–Schulz: default != loop" in run.stdout

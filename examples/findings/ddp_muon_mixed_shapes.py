@@ -1,10 +1,11 @@
-"""Keller Jordan's ``muon-optimizer`` 0.1.0 and ``pytorch-optimizer`` 4.1.0's
-``DistributedMuon`` cannot step Muon matrices of different shapes on gloo (torch 2.13).
+"""Keller Jordan's ``muon-optimizer`` 0.1.0, ``pytorch-optimizer`` 4.1.0's ``DistributedMuon`` and
+``optimuon`` 0.1.1's ``Muon(distributed=True)`` cannot step Muon matrices of different shapes on
+gloo (torch 2.13).
 
-Run: ``torchrun --standalone --nproc-per-node 2 examples/findings/ddp_muon_mixed_shapes.py [keller|pytorch_optimizer]``
+Run: ``torchrun --standalone --nproc-per-node 2 examples/findings/ddp_muon_mixed_shapes.py [keller|pytorch_optimizer|optimuon]``
 (only torch and the package; exits 1 while the finding holds, 0 once it is gone).
 
-Both deal the Muon matrices out to the ranks of the default group and hand the results round
+All three deal the Muon matrices out to the ranks of the default group and hand the results round
 with one ``dist.all_gather(params[i : i + world], params[i + rank])`` per ``world`` matrices:
 the gather's output list holds *other* matrices, each of its own shape, and the input is
 this rank's. torch's ``all_gather`` needs every tensor of one size; gloo raises
@@ -33,6 +34,10 @@ def main() -> int:
         from muon import MuonWithAuxAdam
 
         opt = MuonWithAuxAdam([{"params": params, "use_muon": True}])
+    elif which == "optimuon":
+        from optimuon import Muon
+
+        opt = Muon(params, distributed=True)
     else:
         from pytorch_optimizer import DistributedMuon
 
