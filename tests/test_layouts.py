@@ -107,7 +107,7 @@ def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_fo
     )  # fmt: skip
     # -k matches the layout module's name, so all six of its tests run (the Gram tier's too);
     # the 8-rank twins need --nproc 8, and the gram_partial tier of a candidate needs --impl
-    result.assert_outcomes(passed=13, skipped=2)
+    result.assert_outcomes(passed=14, skipped=2)
     result.stdout.fnmatch_lines_random(["*layouts:StridedOrderMuon*yes*w0[[]* · world 4 · mesh [[]2, 2] · tp 2*"])
 
 

@@ -132,15 +132,7 @@ class GateRunner:
         another error, or a silent difference fails it."""
         __tracebackhide__ = True
         self.policy.runnable(gate)
-        ran = self.run(case)
-        failure = ran.outcome.failure
-        if failure is None or failure.status != "error":
-            return self._verdict(gate, ran)
-        kind, message = robust_finding(ran)
-        self._record(gate, ran.case, ran.status if kind else "passed", message, ran.outcome.seconds)
-        if kind is not None:
-            fail(self._failure(gate, message, ran.case.describe()), kind)
-        return ran
+        return self._verdict(gate, self.run(case), robust=True)
 
     def measured(self, gate: str, case: Any, *, task: str) -> Ran:
         """Runs a case whose verdict the gate reaches itself (see ``judge``); a rank that
@@ -213,24 +205,31 @@ class GateRunner:
         return scenarios.reproduce(self, gate, case, env=env)
 
     # -- verdicts --------------------------------------------------------------------------
-    def _verdict(self, gate: str, ran: Ran) -> Ran:
-        """Writes a case that ran with its verdict; fails the test unless every comparison passed.
-        A crash another test already shrank ends this one at once (``AlreadyShrunk``)."""
+    def _verdict(self, gate: str, ran: Ran, *, robust: bool = False) -> Ran:
+        """Writes a case that ran with its verdict; fails the test unless every comparison passed
+        (``robust``: or the candidate refused the input by name, ``robust_finding``). A crash
+        another test already shrank ends this one at once (``AlreadyShrunk``)."""
         __tracebackhide__ = True
-        message = ran.message
-        described = ran.case.describe()
+        message, kind, status = ran.message, ran.kind, ran.status
         failure = ran.outcome.failure
-        earlier = None if failure is None else self.shrinks.met(self.nodeid, failure.signature, gate, described)
-        if failure is not None and earlier is not None:
-            message = (
-                f"{message}\nnot shrunk again: gate {earlier[0]} already showed the same {failure.status} "
-                f"on: {earlier[1]}"
-            )
-        self._record(gate, ran.case, ran.status, message or "", ran.outcome.seconds, comparisons=ran.comparisons)
+        if robust and failure is not None and failure.status == "error":
+            found, message = robust_finding(ran)
+            kind, status = found or kind, status if found else "passed"
+        described = ran.case.describe()
+        failed = status != "passed"
+        earlier = None
+        if failed and failure is not None:
+            earlier = self.shrinks.met(self.nodeid, failure.signature, gate, described)
+            if earlier is not None:
+                message = (
+                    f"{message}\nnot shrunk again: gate {earlier[0]} already showed the same {failure.status} "
+                    f"on: {earlier[1]}"
+                )
+        self._record(gate, ran.case, status, message or "", ran.outcome.seconds, comparisons=ran.comparisons)
         if earlier is not None:
             raise AlreadyShrunk(self._failure(gate, message or "", described))
-        if message is not None:
-            fail(self._failure(gate, message, described), ran.kind)
+        if failed:
+            fail(self._failure(gate, message or "", described), kind)
         return ran
 
     def _record(
