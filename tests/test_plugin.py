@@ -270,3 +270,23 @@ def test_a_gate_session_runs_the_profile_its_user_chose_else_ci(
     result = suite.runpytest_subprocess("test_profile.py", "-s", "-p", "no:cacheprovider", *args, timeout=120)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"muongate *: torch *, hypothesis * profile {profile}", f"*profile: {profile}"])
+
+
+@pytest.mark.slow
+def test_this_checkouts_gates_collected_from_elsewhere_keep_the_profile_the_user_chose(
+    other_project: pytest.Pytester,
+) -> None:
+    """The root conftest loads the ``ci`` profile for this repository's own sessions; a session
+    elsewhere that collects the checkout's gates imports it during collection, and once did so
+    over ``--hypothesis-profile`` (200 cases where the user asked for 20)."""
+    result = other_project.runpytest_subprocess(
+        "-p", "harness.plugin", "--pyargs", "gates.test_optimizer_gates", "-k", "one_sharded_step", "--nproc", "2",
+        "--hypothesis-profile", "dev", "-p", "no:cacheprovider", "--gate-report", "report", timeout=300,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    row = next(
+        line
+        for line in (other_project.path / "report" / "equivalence.md").read_text().splitlines()
+        if line.startswith("| one_step |")
+    )
+    assert "| 20 |" in row, row

@@ -38,7 +38,7 @@ def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) 
         "--nnodes", "2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "muongate-selftest",
         "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "hand_picked_edge or checkpoint_round_trip", "-q",
-        "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report),
+        "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report), "--hypothesis-profile", "dev",
     ]  # fmt: skip
     nodes = [
         subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
