@@ -33,11 +33,15 @@ half.muongate_conventions = {"ns_dtype": torch.float16}
 """
 
 
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+#: 20 cases a gate from a fixed seed: what these claims need (a test that needs more says so)
+DEV = ("--hypothesis-profile", "dev", "--hypothesis-seed", "0")
+
+
+def _run(tmp_path: Path, *args: str, profile: tuple[str, ...] = DEV) -> subprocess.CompletedProcess[str]:
     env = repo_env(tmp_path)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "gates", "-m", "gate", "--nproc", "2", "-q",
-         "-p", "no:cacheprovider", "--gate-report", str(tmp_path / "report"), *args],
+         "-p", "no:cacheprovider", "--gate-report", str(tmp_path / "report"), *profile, *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
 
@@ -80,10 +84,11 @@ def test_a_candidate_declaring_the_gram_partial_tier_is_judged_in_it_and_a_wrong
 
 @pytest.mark.slow
 def test_a_declared_difference_is_judged_in_its_calibrated_tier_and_a_bug_inside_it_fails(tmp_path: Path) -> None:
-    k = ["-k", "declared_difference"]  # the ci profile: derandomized, 200 cases
-    right = _run(tmp_path, *k, "--impl", "examples.gathered_muon:gathered_muon")
+    # the ci profile (derandomized, 200 cases): the dev profile's 20 need not draw a tall matrix at 2 ranks
+    k, ci = ["-k", "declared_difference"], ("--hypothesis-profile", "ci")
+    right = _run(tmp_path, *k, "--impl", "examples.gathered_muon:gathered_muon", profile=ci)
     assert right.returncode == 0 and "1 passed" in right.stdout, right.stdout[-3000:]
-    wrong = _run(tmp_path, *k, "--impl", "examples.gathered_muon:gathered_muon_local_lr")
+    wrong = _run(tmp_path, *k, "--impl", "examples.gathered_muon:gathered_muon_local_lr", profile=ci)
     assert wrong.returncode == 1, wrong.stdout[-3000:]
     found = re.search(r"w\.update step 0 rank 0 \[cause:plain_quintic\+scaled_update\]: max\|diff\|", wrong.stdout)
     assert found, wrong.stdout[-3000:]
@@ -122,7 +127,7 @@ def test_normalizing_in_float32_first_is_a_cause_only_where_newton_schulz_runs_i
 @pytest.mark.slow
 def test_a_candidate_sharding_the_model_its_own_way_is_read_through_its_pieces_and_passes(tmp_path: Path) -> None:
     result = _run(
-        tmp_path, "-k", "one_sharded or several_steps or rank-asymmetric", "--hypothesis-profile", "dev",
+        tmp_path, "-k", "one_sharded or several_steps or rank-asymmetric",
         "--impl", "examples.column_sharded_muon:column_sharded_muon",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
@@ -242,7 +247,7 @@ def test_any_torch_optimizer_is_judged_against_itself_with_no_reference(tmp_path
     compare with a reference skip, saying so."""
     result = _run(
         tmp_path, "--impl", "torch.optim:AdamW", "--reference", "none", "--against", "self",
-        "--hypothesis-profile", "dev", "-k", "one_sharded_step or several_steps or robust", "-rs",
+        "-k", "one_sharded_step or several_steps or robust", "-rs",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     assert re.search(r"\b[5-9] passed", result.stdout), result.stdout[-3000:]

@@ -145,13 +145,16 @@ def test_self_reference_finds_a_sharding_bug_that_the_reference_verdict_hides(ot
 
 
 @pytest.mark.slow
-def test_one_gate_reports_an_arithmetic_difference_and_a_crash_as_two_shrunk_findings(
-    other_project: pytest.Pytester,
+def test_one_gate_reports_two_shrunk_findings_and_its_reproduce_command_fails_the_same_way(
+    other_project: pytest.Pytester, rerun_reproduce: Any
 ) -> None:
+    """An arithmetic difference and a crash on 1-row weights come out as two findings of one
+    gate, each shrunk; the reproduce command, run from an empty directory, gives the same
+    minimal cases."""
     other_project.makepyfile(two_bugs=TWO_BUGS)
-    result = _gates(other_project, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines_random(
+    first = _gates(other_project, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs")
+    first.assert_outcomes(failed=1)
+    first.stdout.fnmatch_lines_random(
         [
             "finding ? of 2: several_steps: error on rank 0: IndexError: cannot take the rows of (1, *",
             "finding ? of 2: several_steps: 1 of 2 comparisons with reference.Muon failed*",
@@ -159,15 +162,6 @@ def test_one_gate_reports_an_arithmetic_difference_and_a_crash_as_two_shrunk_fin
             "FAILED several_steps: differs from reference *",
         ]
     )
-
-
-@pytest.mark.slow
-def test_reproduce_command_of_an_impl_run_fails_the_same_way_from_a_scratch_directory(
-    other_project: pytest.Pytester, rerun_reproduce: Any
-) -> None:
-    other_project.makepyfile(two_bugs=TWO_BUGS)
-    first = _gates(other_project, "gates.test_optimizer_gates", "-k", "several_steps", "--impl", "two_bugs:two_bugs")
-    first.assert_outcomes(failed=1)
     minimal = [line for line in first.stdout.lines if line.startswith("minimal case:")]
     again = rerun_reproduce(first.stdout.str())
     assert again.returncode == 1, again.stdout[-3000:]
