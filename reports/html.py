@@ -1,7 +1,8 @@
 """The HTML report: one self-contained page (no scripts, no external files) that reads as a
 page: the run's header, semantic tables, a section per gate with its figures and its
-max|diff| histogram, each failing gate's minimal case and the command that reproduces it,
-then the loss curves and the orthogonalized spectra as inline SVG.
+max|diff| histogram, each failing gate's minimal case (with a chart of max|diff| by step
+and tensor) and the command that reproduces it, then the loss curves and the orthogonalized
+spectra as inline SVG.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from reports.records import Spectrum, Training
+from reports.records import CaseResult, Spectrum, Training
 from reports.summary import (
     BUCKETS,
     GATE_COLUMNS,
@@ -147,6 +148,63 @@ def _loss_curve(record: Training) -> str:
     )
 
 
+def _diff_grid(case: CaseResult) -> str:
+    """A failing case's comparisons (those it was judged on) as a grid: a row per tensor, a
+    column per step, each cell the worst max|diff| over the ranks (green where every rank
+    passed, else a red that darkens with log10 max|diff|), its figure in the cell's title."""
+    # under --against self the case was judged against the candidate on one device
+    judged = "self" if any(c.against == "self" for c in case.comparisons) else "reference"
+    worst: dict[tuple[str, int], tuple[float, bool]] = {}
+    for c in case.comparisons:
+        if c.against != judged:
+            continue
+        diff, ok = worst.get((c.tensor, c.step), (0.0, True))
+        worst[(c.tensor, c.step)] = (max(diff, c.max_abs_diff), ok and c.passed)
+    if not worst:
+        return ""
+    tensors = sorted({t for t, _ in worst})
+    steps = sorted({s for _, s in worst})
+    cell, left, top = 22, max(60, 7 * max(len(t) for t in tensors)), 30
+    width, height = left + cell * len(steps) + 10, top + cell * len(tensors) + 28
+    diffs = [d for d, ok in worst.values() if not ok and d > 0]
+    lo, hi = (math.log10(min(diffs)), math.log10(max(diffs))) if diffs else (0.0, 0.0)
+    label = f"max|diff| by step and tensor: {case.case}"
+    parts = [f'<svg width="{width}" height="{height}" role="img" aria-label="{_e(label)}">']
+    parts.append(
+        '<text x="0" y="12" font-size="11">max|diff| by step (columns) and tensor (rows), worst over ranks</text>'
+    )
+    for j, step in enumerate(steps):
+        parts.append(
+            f'<text x="{left + j * cell + cell / 2}" y="{top - 4}" font-size="10" text-anchor="middle">{step}</text>'
+        )
+    for i, tensor in enumerate(tensors):
+        y = top + i * cell
+        parts.append(
+            f'<text x="{left - 4}" y="{y + cell * 0.65:.1f}" font-size="10" text-anchor="end">{_e(tensor)}</text>'
+        )
+        for j, step in enumerate(steps):
+            if (tensor, step) not in worst:
+                continue
+            diff, ok = worst[(tensor, step)]
+            if ok:
+                fill, title = "#c8e6c9", "passed" + (f", max|diff| {diff:.3g}" if diff else ", bitwise")
+            else:
+                t = 0.5 if hi == lo or diff <= 0 else (math.log10(diff) - lo) / (hi - lo)
+                fill, title = (
+                    f"rgb({255 - round(80 * t)},{round(190 * (1 - t))},{round(190 * (1 - t))})",
+                    f"max|diff| {diff:.3g}",
+                )
+            parts.append(
+                f'<rect x="{left + j * cell}" y="{y}" width="{cell - 2}" height="{cell - 2}" fill="{fill}">'
+                f"<title>{_e(tensor)} step {step}: {title}</title></rect>"
+            )
+    parts.append(
+        f'<text x="0" y="{height - 6}" font-size="10">green: every rank passed; red: failed, darker for a larger '
+        f"max|diff| ({10**lo:.2g} to {10**hi:.2g})</text></svg>"
+    )
+    return "".join(parts)
+
+
 def _gate_cells(g: GateSummary) -> list[str]:
     cells = [_e(c) for c in gate_row(g)]
     status = "fail" if g.failed_cases else "pass"
@@ -171,6 +229,7 @@ def _gate_section(summary: RunSummary, g: GateSummary) -> str:
                 f"<details open><summary>minimal failing case: {_e(f.finding)}</summary>"
                 f"<p><code>{_e(f.case)}</code></p>"
                 + (f"<p>narrowed for the candidate: {_e('; '.join(f.narrowed))}</p>" if f.narrowed else "")
+                + (f"<figure>{_diff_grid(f)}</figure>" if f.comparisons else "")
                 + f"<pre>{_e(f.message[:4000])}</pre>"
                 + (f"<p>reproduce: <code>{_e(f.reproduce)}</code></p>" if f.reproduce else "")
                 + "</details>"

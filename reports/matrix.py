@@ -89,30 +89,63 @@ def render_markdown(matrix: Matrix) -> str:
     return "\n".join(parts)
 
 
+#: a verdict's colour in the HTML grid, and what it means (the legend)
+COLOURS = {
+    "bitwise": ("#2e7d32", "bitwise: every comparison had the same bits"),
+    "passes": ("#66bb6a", "passes: the gate's own verdict, nothing compared (an input refused by name)"),
+    "tier": ("#f9a825", "tier: within a named tolerance tier"),
+    "fails": ("#c62828", "fails: a comparison differed"),
+    "crashes": ("#6a1b9a", "crashes: hang, abort, collective mismatch or error"),
+    "not": ("#bdbdbd", "not supported or not run"),
+}
+
+
 def render_html(matrix: Matrix) -> str:
+    """One page (no scripts): a grid per kind of row, each cell its verdict's colour and first
+    words; the whole verdict on hover (``title``) and on click (``details``)."""
     tables = "".join(_html_table(KINDS[kind], *matrix.table(kind)) for kind in matrix.kinds())
     style = (
-        "body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px;"
-        "vertical-align:top;font-size:13px}.bitwise,.passes{background:#e6f4ea}.tier{background:#fef7e0}"
-        ".fails,.crashes{background:#fce8e6}.not{color:#777}"
+        "body{font-family:system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #fff;padding:3px 5px;vertical-align:top;font-size:12px}"
+        "th{background:#eee;writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;max-height:14em}"
+        "th.row,td.row{writing-mode:horizontal-tb;transform:none;text-align:left;background:#f7f7f7;max-width:22em}"
+        "td.cell{color:#fff;min-width:5.5em}td.cell.not{color:#333}details summary{cursor:pointer;list-style:none}"
+        "details[open]{max-width:40em}details div{white-space:pre-wrap;font-size:11px;margin-top:3px}"
+        ".legend span{display:inline-block;padding:2px 8px;margin:2px;color:#fff;font-size:12px}"
+        + "".join(f".{name}{{background:{colour}}}" for name, (colour, _) in COLOURS.items())
     )
+    legend = "".join(f'<span class="{name}">{html.escape(text)}</span>' for name, (_, text) in COLOURS.items())
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>muongate compatibility matrix</title>"
-        f"<style>{style}</style></head><body><h1>muongate compatibility matrix</h1>{tables}</body></html>\n"
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>muongate compatibility matrix</title>"
+        f"<style>{style}</style></head><body><h1>muongate compatibility matrix</h1>"
+        f"<p class='legend'>{legend}</p>{tables}</body></html>\n"
     )
 
 
 def _html_table(title: str, columns: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="{_status_class(c)}">{html.escape(c)}</td>' for c in row) + "</tr>" for row in rows
+    """The first three columns (package, adapter, torch) as row headers; every other a coloured cell."""
+    head = "".join(
+        f'<th{" class=row" if i < 3 else ""} scope="col">{html.escape(c)}</th>' for i, c in enumerate(columns)
     )
-    return f"<h2>{html.escape(title.replace('`', ''))}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    body = []
+    for row in rows:
+        cells = [f'<td class="row">{html.escape(c)}</td>' for c in row[:3]]
+        for column, text in zip(columns[3:], row[3:], strict=True):
+            status = _status_class(text)
+            short = text.split(":", 1)[0]
+            whole = html.escape(f"{column}: {text}")
+            cells.append(
+                f'<td class="cell {status}" title="{whole}"><details><summary>{html.escape(short)}</summary>'
+                f"<div>{html.escape(text)}</div></details></td>"
+            )
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    caption = html.escape(title.replace("`", ""))
+    return f"<h2>{caption}</h2><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def _status_class(text: str) -> str:
     first = text.split(" ", 1)[0].rstrip(":")
-    return first if first in ("bitwise", "tier", "passes", "fails", "crashes", "not") else ""
+    return first if first in COLOURS else ""
 
 
 def render_terminal(matrix: Matrix) -> None:

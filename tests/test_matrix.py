@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import REPO, repo_env
+from support import REPO, open_in_chromium, repo_env
 
 from harness.matrix import row_of
 from reports.matrix import Matrix, render_html, render_markdown
@@ -50,7 +50,9 @@ def test_each_cell_says_what_its_gates_cases_did() -> None:
     markdown = render_markdown(Matrix([row]))
     assert markdown.splitlines()[0].startswith("| package | adapter | torch, backend | checkpoint |")
     assert "fails (1): differs from reference (max\\|diff\\| 0.5)" in markdown
-    assert '<td class="crashes">' in render_html(Matrix([row]))
+    assert '<td class="cell crashes" title="robust:empty-local-shards: crashes (1): hang at' in render_html(
+        Matrix([row])
+    )
 
 
 def test_kernels_get_a_table_of_their_own_under_its_title() -> None:
@@ -165,3 +167,15 @@ def test_the_matrix_runs_every_installed_peer_on_the_dev_profile(tmp_path: Path)
     assert rows["examples.torchtitan_adapter:dist_muon"]["edge:uneven-7x5"] == "not supported: does not declare cpu"
     for gpu_only in ("examples.dtensor_muon_adapter:dtensor_muon", "examples.emerging_optimizers_adapter:muon"):
         assert "(does not import: ModuleNotFoundError: No module named" in rows[gpu_only]["package"], rows[gpu_only]
+
+
+def test_the_matrix_page_is_a_coloured_grid_that_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """Each cell its verdict's colour and first words; the whole verdict on hover and click."""
+    header = Header(torch="2.13.0+cpu", backend="gloo")
+    records = [header, _case(1, "one_step"), _case(2, "several_steps", "failed", bitwise=False, passed=False)]
+    page = tmp_path / "matrix.html"
+    page.write_text(render_html(Matrix([row_of("x:y", "x 1.0", records)])), encoding="utf-8")
+    texts, shot = open_in_chromium(page, tmp_path / "profile")
+    assert "bitwise (1)" in texts and "fails (1)" in texts, texts
+    assert any(t.startswith("bitwise: every comparison had the same bits") for t in texts), texts
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000, "the page rendered blank"

@@ -7,19 +7,16 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
-from support import REPO, repo_env
+from support import REPO, open_in_chromium, repo_env
 
 from reports import ResultStream, SchemaError, read_stream, render, summarize, to_markdown
 from reports.html import anchor
@@ -391,50 +388,21 @@ def _page(tmp_path: Path) -> str:
 
 def test_html_report_is_a_self_contained_page_with_a_section_and_pictures_per_gate(tmp_path: Path) -> None:
     page = _page(tmp_path)
-    # three gates' |diff| histograms (kernel:edge compared nothing), one spectrum, one loss curve
-    assert page.count("<svg") == 5
+    # three gates' |diff| histograms (kernel:edge compared nothing), one spectrum, one loss curve,
+    # and the failing case's max|diff| by step and tensor
+    assert page.count("<svg") == 6
+    assert "max|diff| by step (columns) and tensor (rows)" in page
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
     for gate in GATES:
         assert f'<section id="{anchor(gate)}"><h3>{gate}</h3>' in page and f'href="#{anchor(gate)}"' in page
     assert "<details open><summary>minimal failing case: differs from reference</summary>" in page
 
 
-class _Texts(HTMLParser):
-    """The text of every element of a rendered page, one string per element."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.texts: list[str] = []
-
-    def handle_data(self, data: str) -> None:
-        if data.strip():
-            self.texts.append(data.strip())
-
-
-def _chromium() -> str:
-    found = shutil.which("chromium")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed: .ci/run installs Debian's chromium package")
-        pytest.skip("needs Debian's chromium package (apt-get install chromium)")
-    return found
-
-
 def test_html_report_renders_in_headless_chromium_with_every_gate_name_whole(tmp_path: Path) -> None:
     _page(tmp_path)
-    url = (tmp_path / "equivalence.html").as_uri()
-    # Headless, no network, a fresh profile: as the probe of this machine kind starts it.
-    flags = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
-    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True).stdout
-    shot = tmp_path / "page.png"
-    subprocess.run(
-        [*flags, "--window-size=1280,2000", f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True
-    )
-    texts = _Texts()
-    texts.feed(dom)
+    texts, shot = open_in_chromium(tmp_path / "equivalence.html", tmp_path / "profile")
     for gate in GATES:
-        assert gate in texts.texts, f"{gate!r} is not the whole text of any element of the rendered page"
-    assert "muongate equivalence report" in texts.texts and "1 of 4 gates failed." in texts.texts
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, "the page rendered blank"
+        assert gate in texts, f"{gate!r} is not the whole text of any element of the rendered page"
+    assert "muongate equivalence report" in texts and "1 of 4 gates failed." in texts
+    assert "max|diff| by step (columns) and tensor (rows), worst over ranks" in texts
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000, "the page rendered blank"
