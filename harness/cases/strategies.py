@@ -126,7 +126,6 @@ def cases(
             raise ValueError(f"{name}={value} must be at least 1")
     algorithm = algorithm or MUON
     worlds = st.integers(1, max_world)
-    counts = st.integers(1, max_params)
     steps_drawn = st.integers(1, max_steps)
     dtype_drawn = st.sampled_from(dtypes)
     settings_drawn = settings_of(algorithm)
@@ -148,25 +147,29 @@ def cases(
     }
 
     @st.composite
+    def param_drawn(draw: st.DrawFn, shards: int, *, first: bool) -> ParamSpec:
+        use_muon = first or not adamw or not algorithm.hybrid or draw(st.booleans())
+        return ParamSpec(
+            name="",
+            shape=draw(main_shapes[shards] if use_muon else other_shapes[shards]),
+            dtype=draw(dtype_drawn),
+            use_muon=use_muon,
+            grad="normal" if first else draw(grad_kinds),
+            grad_scale=draw(_GRAD_SCALES),
+        )
+
+    @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
         world = draw(worlds)
         mesh: tuple[int, ...] = (world,)
         if hsdp and world >= 4 and world % 2 == 0 and draw(st.booleans()):
             mesh = (2, world // 2)
         shards = mesh[-1]
-        params = []
-        for i in range(draw(counts)):
-            use_muon = i == 0 or not adamw or not algorithm.hybrid or draw(st.booleans())
-            params.append(
-                ParamSpec(
-                    name=f"w{i}",
-                    shape=draw(main_shapes[shards] if use_muon else other_shapes[shards]),
-                    dtype=draw(dtype_drawn),
-                    use_muon=use_muon,
-                    grad=draw(grad_kinds) if i else "normal",
-                    grad_scale=draw(_GRAD_SCALES),
-                )
-            )
+        # The first parameter has a gradient (and, for a hybrid reference, takes Muon); the others
+        # are a list, so that shrinking can drop any of them, not only the last.
+        first = draw(param_drawn(shards, first=True))
+        others = draw(st.lists(param_drawn(shards, first=False), max_size=max_params - 1))
+        params = [p._replace(name=f"w{i}") for i, p in enumerate([first, *others])]
         steps = draw(steps_drawn)
         return Case(
             params=tuple(params),
