@@ -2,28 +2,35 @@
 
 A candidate whose arithmetic differs from ``reference.Muon`` for a stated cause fails every
 bitwise gate, and a real bug could hide in that failure. It declares its causes
-(``Candidate.differences``), and the cause gate holds its one-step update to a tier
+(``Candidate.differences``), and the cause gate holds it, over ``STEPS`` steps, to tiers
 calibrated on exactly those causes, for the very setting of the case: Nesterov on or off,
 the parameter's dtype, the Newton–Schulz dtype, and the shape family (square, wide, tall).
+After every step it judges each tensor of ``KINDS``: the parameter's change since the start
+(``update``) and the momentum buffer, each with a tier of its own for that step. A bug that
+first shows at the second step, or only in the state, meets its own bound there.
 
 Calibration is measured on the gate's device when a setting is first asked for: on
-``SAMPLES`` random matrices of the family, the relative Frobenius error of the update
+``SAMPLES`` random matrices of the family, each with ``STEPS`` random gradients, the relative
+Frobenius error of each tensor after each step
 
 * of a **correct variant**: the reference with the causes emulated, against the reference;
-* of **wrong variants**, the causes emulated and a plausible bug added: one Newton–Schulz
-  iteration fewer, or the lr scale taken from a shard of half the rows.
+* of **wrong variants** (``BUGS``), the causes emulated and a plausible bug added: one
+  Newton–Schulz iteration fewer; the lr scale taken from a shard of half the rows (tall
+  matrices); the momentum restarted from zero every step (first shows at the second step);
+  the momentum buffer normalized in place when it is the update itself (Nesterov off: the
+  step's update is right, the state is not).
 
-The bound is ``MARGIN`` (3) times the worst correct error: an update farther than that from
-the reference's is an error the causes do not explain. It must lie below the best wrong
-error; where it does not, the tier cannot judge that setting and says so (``NotSeparable``).
-The cause gate runs at lr 1, so that a bf16 weight's own rounding is small beside its update.
+A tensor's bound at a step is ``MARGIN`` (3) times the worst correct error there: anything
+farther from the reference's is an error the causes do not explain. Every wrong variant must
+be beyond the bound, on every sample, for some tensor at some step; where one is not, the
+tiers cannot judge that setting and say so (``NotSeparable``). The cause gate runs at lr 1, so
+that a bf16 weight's own rounding is small beside its update.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,6 +54,11 @@ SAMPLES = 48
 MARGIN = 3.0
 #: the least bound, where the causes change nothing at a setting (a float32 parameter's bf16 momentum)
 FLOOR = 2.0**-20
+#: the steps a cause case runs, and the tensors it judges after each
+STEPS = 3
+KINDS = ("update", "momentum_buffer")
+#: the wrong variants' bugs (see the module docstring)
+BUGS = ("one_iteration_fewer", "half_rows_lr", "momentum_restart", "buffer_normalized")
 
 
 class NotSeparable(ValueError):
@@ -93,35 +105,49 @@ def _newton_schulz(G: Tensor, group: dict[str, Any], causes: frozenset[str]) -> 
     return X.mT if tall else X
 
 
-def one_step_update(
-    p: Tensor, g: Tensor, group: dict[str, Any], causes: frozenset[str], *, steps_less: int = 0, rows_seen: int = 0
-) -> Tensor:
-    """The float32 change one Muon step from zero momentum (no weight decay) makes to ``p``,
-    with ``causes`` emulated; ``steps_less`` and ``rows_seen`` plant the wrong variants' bugs."""
+def _momentum(buf: Tensor, g: Tensor, group: dict[str, Any], low: bool) -> Tensor:
+    """Advances ``buf`` and returns the update: the reference's float32 momentum, or (``low``,
+    the ``bf16_momentum`` cause) a buffer in the parameter's dtype, updated in it."""
     momentum, nesterov = group["momentum"], group["nesterov"]
-    if "bf16_momentum" in causes and p.dtype == torch.bfloat16:
-        grad = g.to(p.dtype)
-        buf = torch.zeros_like(grad)
-        if group["momentum_form"] == "ema":
-            buf.lerp_(grad, 1 - momentum)
-            update = torch.lerp(grad, buf, momentum) if nesterov else buf
-        else:
-            buf.add_(grad)
-            update = grad.add(buf, alpha=momentum) if nesterov else buf
-    else:
-        buf = torch.zeros_like(g, dtype=torch.float32)
-        update = reference.momentum_update(buf, g, momentum, nesterov, group["momentum_form"])
-    settings = {**group, "ns_steps": group["ns_steps"] - steps_less}
-    changed = causes & {"plain_quintic", "fp32_normalize"}
-    ortho = _newton_schulz(update, settings, changed) if changed else reference.group_orthogonalizer(settings)(update)
+    if not low:
+        return reference.momentum_update(buf, g, momentum, nesterov, group["momentum_form"])
+    grad = g.to(buf.dtype)
+    if group["momentum_form"] == "ema":
+        buf.lerp_(grad, 1 - momentum)
+        return torch.lerp(grad, buf, momentum) if nesterov else buf
+    buf.mul_(momentum).add_(grad)
+    return grad.add(buf, alpha=momentum) if nesterov else buf
+
+
+def trajectory(
+    p: Tensor, grads: list[Tensor], group: dict[str, Any], causes: frozenset[str], bug: str | None = None
+) -> list[dict[str, Tensor]]:
+    """Each step of Muon (no weight decay) from zero momentum on ``p``, with ``causes`` emulated
+    and ``bug`` (of ``BUGS``) planted: after each step, the parameter's float32 change since the
+    start (``update``) and the momentum buffer (float32), by ``KINDS``."""
+    low = "bf16_momentum" in causes and p.dtype == torch.bfloat16
+    buf = torch.zeros(p.shape, dtype=p.dtype if low else torch.float32, device=p.device)
     rows, cols = p.shape
-    scale = reference.lr_scale((rows_seen or rows, cols), group["adjust_lr_fn"])
+    scale = reference.lr_scale((max(1, rows // 2) if bug == "half_rows_lr" else rows, cols), group["adjust_lr_fn"])
+    settings = {**group, "ns_steps": group["ns_steps"] - (bug == "one_iteration_fewer")}
+    changed = causes & {"plain_quintic", "fp32_normalize"}
     after = p.clone()
-    if "scaled_update" in causes:
-        reference.apply_update(after, ortho * scale, group["lr"], 0.0, group["lr"])
-    else:
-        reference.apply_update(after, ortho, group["lr"], 0.0, group["lr"] * scale)
-    return after.float() - p.float()
+    out = []
+    for g in grads:
+        if bug == "momentum_restart":
+            buf.zero_()
+        update = _momentum(buf, g, group, low)
+        ortho = (
+            _newton_schulz(update, settings, changed) if changed else reference.group_orthogonalizer(settings)(update)
+        )
+        if bug == "buffer_normalized":
+            buf.div_(buf.float().norm() + group["eps"])
+        if "scaled_update" in causes:
+            reference.apply_update(after, ortho * scale, group["lr"], 0.0, group["lr"])
+        else:
+            reference.apply_update(after, ortho, group["lr"], 0.0, group["lr"] * scale)
+        out.append({"update": after.float() - p.float(), "momentum_buffer": buf.float().clone()})
+    return out
 
 
 def _shape(family: str, gen: torch.Generator) -> tuple[int, int]:
@@ -133,37 +159,66 @@ def _rel_fro(actual: Tensor, expected: Tensor) -> float:
     return float((actual - expected).norm() / expected.norm().clamp(min=1e-30))
 
 
+def _bugs(group: dict[str, Any], family: str) -> list[str]:
+    """The wrong variants a setting can show: each needs what it breaks."""
+    bugs = ["one_iteration_fewer"] if group["ns_steps"] >= 1 else []
+    if family in ("tall", "a little tall"):  # only a tall matrix's lr scale depends on its rows
+        bugs.append("half_rows_lr")
+    if group["momentum"] > 0:
+        bugs.append("momentum_restart")
+    if not group["nesterov"]:  # with Nesterov the update is a tensor of its own
+        bugs.append("buffer_normalized")
+    return bugs
+
+
+#: a setting's tiers: one for each (tensor kind, step)
+CauseTiers = dict[tuple[str, int], Tier]
+
+
 @functools.cache
-def cause_tier(
+def cause_tiers(
     causes: frozenset[str], settings: tuple[tuple[str, Any], ...], dtype: str, family: str, device: str = "cpu"
-) -> Tier:
-    """The tier for ``causes`` at one setting (the group's ``settings``, the parameter's
-    ``dtype``, the shape ``family``), measured now on ``device`` between correct and wrong variants."""
+) -> CauseTiers:
+    """The tiers for ``causes`` at one setting (the group's ``settings``, the parameter's
+    ``dtype``, the shape ``family``), measured now on ``device`` between correct and wrong
+    variants, one for each tensor of ``KINDS`` after each of ``STEPS`` steps."""
     unknown = sorted(causes - CAUSES.keys())
     if unknown:
         raise ValueError(f"unknown causes {unknown}; known: {sorted(CAUSES)}")
     group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
     gen = torch.Generator().manual_seed(0)
-    correct, wrong = 0.0, math.inf
-    wrongs: list[Callable[[Tensor, Tensor], Tensor]] = []
-    if group["ns_steps"] >= 1:
-        wrongs.append(lambda p, g: one_step_update(p, g, group, causes, steps_less=1))
-    if family in ("tall", "a little tall"):  # only a tall matrix's lr scale depends on its rows
-        wrongs.append(lambda p, g: one_step_update(p, g, group, causes, rows_seen=max(1, p.shape[0] // 2)))
+    where = [(kind, step) for step in range(STEPS) for kind in KINDS]
+    correct = dict.fromkeys(where, 0.0)
+    bugs = _bugs(group, family)
+    wrong = {bug: dict.fromkeys(where, math.inf) for bug in bugs}
     for _ in range(SAMPLES):
         shape = _shape(family, gen)
         p = torch.randn(shape, generator=gen).to(device, getattr(torch, dtype))
-        g = torch.randn(shape, generator=gen).to(device)
-        expected = one_step_update(p, g, group, frozenset())
-        correct = max(correct, _rel_fro(one_step_update(p, g, group, causes), expected))
-        for variant in wrongs:
-            wrong = min(wrong, _rel_fro(variant(p, g), expected))
+        grads = [torch.randn(shape, generator=gen).to(device) for _ in range(STEPS)]
+        expected = trajectory(p, grads, group, frozenset())
+        for step, tensors in enumerate(trajectory(p, grads, group, causes)):
+            for kind in KINDS:
+                correct[(kind, step)] = max(correct[(kind, step)], _rel_fro(tensors[kind], expected[step][kind]))
+        for bug in bugs:
+            for step, tensors in enumerate(trajectory(p, grads, group, causes, bug)):
+                for kind in KINDS:
+                    error = _rel_fro(tensors[kind], expected[step][kind])
+                    wrong[bug][(kind, step)] = min(wrong[bug][(kind, step)], error)
     ns = str(group["ns_dtype"]).removeprefix("torch.")
     setting = f"{'+'.join(sorted(causes))}, nesterov {group['nesterov']}, {dtype}, ns {ns}, {family}"
-    bound = MARGIN * max(correct, FLOOR)
-    if not bound < wrong:
+    bound = {k: MARGIN * max(correct[k], FLOOR) for k in where}
+    hidden = [bug for bug in bugs if not any(wrong[bug][k] > bound[k] for k in where)]
+    if hidden:
+        worst = max(correct.values())
         raise NotSeparable(
-            f"{setting}: correct variants reach {correct:.3g} (bound {bound:.3g}), wrong ones {wrong:.3g}"
+            f"{setting}: correct variants reach {worst:.3g}; {', '.join(hidden)} stays within 3× of them everywhere"
         )
-    reason = f"{setting}: correct ≤ {correct:.3g}, wrong ≥ {wrong:.3g} ({SAMPLES} matrices each)"
-    return Tier(f"cause:{'+'.join(sorted(causes))}", "tolerance", reason, max_rel_fro=bound)
+    tiers: CauseTiers = {}
+    for kind, step in where:
+        caught = {bug: wrong[bug][(kind, step)] for bug in bugs}
+        shown = ", ".join(f"{bug} ≥ {e:.3g}" for bug, e in caught.items())
+        reason = f"{setting}; {kind} after step {step}: correct ≤ {correct[(kind, step)]:.3g}; wrong: {shown} ({SAMPLES} matrices)"
+        tiers[(kind, step)] = Tier(
+            f"cause:{'+'.join(sorted(causes))}", "tolerance", reason, max_rel_fro=bound[(kind, step)]
+        )
+    return tiers

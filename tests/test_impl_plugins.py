@@ -95,6 +95,27 @@ def test_a_declared_difference_is_judged_in_its_calibrated_tier_and_a_bug_inside
     assert re.search(r"minimal case: w\[\d+, \d+\] float32 · world 2", wrong.stdout), wrong.stdout[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("planted", "tensor"),
+    [
+        ("gathered_muon_momentum_restart", "w.momentum_buffer step 1"),
+        ("gathered_muon_normalizes_buffer", "w.momentum_buffer step 0"),
+    ],
+)
+def test_a_bug_that_shows_at_a_later_step_or_in_the_state_alone_is_caught_inside_a_declared_difference(
+    tmp_path: Path, planted: str, tensor: str
+) -> None:
+    """Both pass a one-step check of the update (measured: 200 of 200 cases before the cause gate
+    judged three steps and the state); the minimal case names the step and the tensor."""
+    wrong = _run(tmp_path, "-k", "declared_difference", "--impl", f"gates.examples.gathered_muon:{planted}")
+    assert wrong.returncode == 1, wrong.stdout[-3000:]
+    assert re.search(
+        rf"{re.escape(tensor)} rank 0 \[cause:plain_quintic\+scaled_update\]: max\|diff\|", wrong.stdout
+    ), wrong.stdout[-3000:]
+    assert re.search(r"minimal case: w\[\d+, \d+\] \w+ · world \d · 3 steps", wrong.stdout), wrong.stdout[-3000:]
+
+
 def test_each_shape_family_draws_only_matrices_of_that_family() -> None:
     from harness.causes import FAMILIES, family_of, shape_in
 
@@ -104,24 +125,31 @@ def test_each_shape_family_draws_only_matrices_of_that_family() -> None:
                 assert family_of(shape_in(family, small, large)) == family, (family, small, large)
 
 
-def test_cause_tiers_separate_correct_from_wrong_variants_or_say_they_cannot() -> None:
-    from harness.causes import NotSeparable, cause_tier
+def test_cause_tiers_separate_correct_from_wrong_variants_at_every_step_and_in_the_state_or_say_they_cannot() -> None:
+    from harness.causes import FLOOR, KINDS, MARGIN, STEPS, NotSeparable, cause_tiers
 
-    tier = cause_tier(frozenset({"plain_quintic"}), (("lr", 1.0), ("ns_dtype", "float32")), "float32", "tall")
-    assert tier.max_rel_fro is not None and tier.max_rel_fro < 1e-4 and "wrong ≥" in tier.reason
-    with pytest.raises(NotSeparable, match="a little tall: correct variants reach"):
-        cause_tier(frozenset({"plain_quintic"}), (("lr", 1.0), ("ns_dtype", "bfloat16")), "float32", "a little tall")
+    fp32 = (("lr", 1.0), ("ns_dtype", "float32"), ("nesterov", False))
+    tiers = cause_tiers(frozenset({"plain_quintic"}), fp32, "float32", "tall")
+    assert set(tiers) == {(kind, step) for kind in KINDS for step in range(STEPS)}
+    update = tiers[("update", 0)]
+    assert update.max_rel_fro is not None and update.max_rel_fro < 1e-4
+    for bug in ("one_iteration_fewer", "half_rows_lr", "momentum_restart", "buffer_normalized"):
+        assert f"{bug} ≥" in update.reason, update.reason
+    # the plain quintic changes no momentum: any difference in the state is beyond its cause
+    assert all(tiers[("momentum_buffer", step)].max_rel_fro == MARGIN * FLOOR for step in range(STEPS))
+    with pytest.raises(NotSeparable, match=r"a little tall: correct variants reach .*half_rows_lr stays within"):
+        cause_tiers(frozenset({"plain_quintic"}), (("lr", 1.0), ("ns_dtype", "bfloat16")), "float32", "a little tall")
     with pytest.raises(ValueError, match="unknown causes"):
-        cause_tier(frozenset({"cautious_wd"}), (), "float32", "square")
+        cause_tiers(frozenset({"cautious_wd"}), (), "float32", "square")
 
 
 def test_normalizing_in_float32_first_is_a_cause_only_where_newton_schulz_runs_in_bf16() -> None:
-    from harness.causes import FLOOR, MARGIN, cause_tier
+    from harness.causes import FLOOR, MARGIN, cause_tiers
 
-    fp32 = cause_tier(frozenset({"fp32_normalize"}), (("lr", 1.0), ("ns_dtype", "float32")), "float32", "square")
-    assert fp32.max_rel_fro == MARGIN * FLOOR and "correct ≤ 0," in fp32.reason  # nothing changes
-    bf16 = cause_tier(frozenset({"fp32_normalize"}), (("lr", 1.0), ("ns_dtype", "bfloat16")), "float32", "wide")
-    assert bf16.max_rel_fro is not None and bf16.max_rel_fro > MARGIN * FLOOR
+    fp32 = cause_tiers(frozenset({"fp32_normalize"}), (("lr", 1.0), ("ns_dtype", "float32")), "float32", "square")
+    assert fp32[("update", 0)].max_rel_fro == MARGIN * FLOOR and "correct ≤ 0;" in fp32[("update", 0)].reason
+    bf16 = cause_tiers(frozenset({"fp32_normalize"}), (("lr", 1.0), ("ns_dtype", "bfloat16")), "float32", "wide")
+    assert (bf16[("update", 0)].max_rel_fro or 0) > MARGIN * FLOOR
 
 
 @pytest.mark.slow

@@ -16,7 +16,12 @@ on CPU: a bf16 ``[7, 5]`` weight on two ranks differed from itself on one device
 
 ``gathered_muon_local_lr`` plants the sharding bug that candidates like this ship: the lr
 scale √max(1, rows/cols) taken from the local shard's shape instead of the matrix's. Only
-``--against self`` shows it as its own finding (world 2, a tall matrix).
+``--against self`` shows it as its own finding (world 2, a tall matrix). Two more plant bugs
+that hide inside the declared difference from a one-step check, and that the cause gate's
+three steps and state must catch: ``gathered_muon_momentum_restart`` starts its momentum
+from zero every step (right at the first step, wrong from the second), and
+``gathered_muon_normalizes_buffer``, with Nesterov off, normalizes its momentum buffer in
+place before gathering it (the step's update is right; the state is not).
 """
 
 from __future__ import annotations
@@ -96,6 +101,28 @@ class GatheredMuonLocalLr(GatheredMuon):
     local_shape_lr = True
 
 
+class GatheredMuonMomentumRestart(GatheredMuon):
+    """Its momentum starts from zero every step: right at the first step, wrong from the second."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for state in self.state.values():
+            state["momentum_buffer"].zero_()
+        return super().step(closure)
+
+
+class GatheredMuonNormalizesBuffer(GatheredMuon):
+    """With Nesterov off the update is the momentum buffer itself, and it is normalized in place
+    (by the whole update's norm) before it is gathered: the orthogonalization normalizes anyway,
+    so the step's update is right to rounding, and the buffer carried to the next step is not."""
+
+    def _apply_update(self, p: DTensor, update: Tensor, group: dict[str, Any]) -> None:
+        if not group["nesterov"]:
+            full = DTensor.from_local(update, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+            update.div_(full.full_tensor().norm() + group["eps"])
+        super()._apply_update(p, update, group)
+
+
 _DECLARED = Candidate(
     conventions={
         "momentum_form": "sum",
@@ -117,5 +144,20 @@ def gathered_muon_local_lr(param_groups: list[dict[str, Any]], **settings: Any) 
     return GatheredMuonLocalLr(param_groups, **settings)
 
 
-for _factory in (gathered_muon, gathered_muon_local_lr):
+def gathered_muon_momentum_restart(param_groups: list[dict[str, Any]], **settings: Any) -> GatheredMuonMomentumRestart:
+    return GatheredMuonMomentumRestart(param_groups, **settings)
+
+
+def gathered_muon_normalizes_buffer(
+    param_groups: list[dict[str, Any]], **settings: Any
+) -> GatheredMuonNormalizesBuffer:
+    return GatheredMuonNormalizesBuffer(param_groups, **settings)
+
+
+for _factory in (
+    gathered_muon,
+    gathered_muon_local_lr,
+    gathered_muon_momentum_restart,
+    gathered_muon_normalizes_buffer,
+):
     _DECLARED(_factory)

@@ -9,7 +9,7 @@ from typing import Any
 from harness.ranks import LauncherGroup, RankContext, RankPool
 from harness.runner.ran import Ran, RankCase
 from harness.tasks.kernel import run_kernel_case
-from harness.tasks.muon import run_orthogonalize_case, run_spectrum_case, run_update_case
+from harness.tasks.muon import run_cause_case, run_orthogonalize_case, run_spectrum_case, run_update_case
 from harness.tasks.optimizer import run_backward_case, run_optimizer_case
 from harness.tasks.reshard import run_reshard_case
 from harness.tasks.result import TaskResult
@@ -22,6 +22,7 @@ TASKS: dict[str, Callable[[RankContext, Any], TaskResult]] = {
     "spectrum": run_spectrum_case,
     "reshard": run_reshard_case,
     "update": run_update_case,
+    "causes": run_cause_case,
     "training": run_training_case,
     "twins": run_training_twins,
     "kernel": run_kernel_case,

@@ -58,6 +58,50 @@ def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
     return TaskResult(tuple(records))
 
 
+def run_cause_case(ctx: RankContext, case: Case) -> TaskResult:
+    """``case.steps`` steps of the candidate and the reference from the case's weights; after
+    each, rank 0 judges every parameter's change since the start (float32, gathered whole with
+    DTensor's ``full_tensor`` or ``whole``) and its momentum buffer, where the candidate keeps
+    one, each in the case's tier for that tensor and step (``harness.causes.cause_tiers``:
+    ``case.tier[(kind, step)]``). Every rank joins each gather."""
+    device = torch.device(ctx.device)
+    tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+    ref = only_reference(case, tensors)
+    ref_by_name = by_name(ref)
+    mesh = mesh_for(ctx, case.mesh, layout=case.layout)
+    model = build_model(case, tensors, mesh)
+    opt = candidate_side(case, model)
+    params = {s.name: case_param(model, s.name) for s in case.params}
+    group = mesh.get_group() if mesh.ndim == 1 else None
+    records = []
+    for step in range(case.steps):
+        for i, spec in enumerate(case.params):
+            g = cast(Tensor, gradient(spec, case.seed, i, step)).to(device)
+            ref_by_name[spec.name].grad = g
+            params[spec.name].grad = shard_like(g, params[spec.name])
+        ref.step()
+        opt.step()
+        for t, spec in zip(tensors, case.params, strict=True):
+            p = params[spec.name]
+            moved = whole_of_piece(local_of(p).float(), p, spec.shape, group) - t.float()
+            buffer = opt.state.get(p, {}).get("momentum_buffer")
+            kept = None if buffer is None else whole_of_piece(local_of(buffer).float(), p, spec.shape, group)
+            if ctx.rank != 0:
+                continue
+            ref_p = ref_by_name[spec.name]
+            expected = ref_p.detach().float() - t.float()
+            records.append(
+                compare(expected, moved, tensor=f"{spec.name}.update", step=step, tier=case.tier[("update", step)])
+            )
+            if kept is not None:
+                tier = case.tier[("momentum_buffer", step)]
+                reference_buffer = ref.state[ref_p]["momentum_buffer"].float()
+                records.append(
+                    compare(reference_buffer, kept, tensor=f"{spec.name}.momentum_buffer", step=step, tier=tier)
+                )
+    return TaskResult(tuple(records))
+
+
 def run_orthogonalize_case(ctx: RankContext, case: Case) -> TaskResult:
     """Gathers each matrix of the case from its shards, orthogonalizes it ``ShardedMuon``'s way
     (``case.mode``), and compares this rank's rows with the reference's full-matrix result.
