@@ -11,7 +11,11 @@ each one of ``bitwise``, ``tier`` (within a named tolerance tier, with max|diff|
 (max|diff| and the minimal case), ``crashes`` (hang, abort, collective mismatch or error,
 with the message), ``not supported`` (skipped for a declaration the candidate made, named)
 or ``not run``. A cell counts only what ran the candidate: a gate of muongate's own code
-(``judges``) is skipped under ``--impl`` and shows as ``not run``. The matrix is written as
+(``judges``) is skipped under ``--impl`` and shows as ``not run``. Where an adapter leaves a
+feature or layout undeclared, the matrix runs it once more with ``--probe-undeclared`` (its
+report under ``OUT/<slug>-probe/``), and a cell it had narrowed or skipped for that says what
+the package did there: ``not declared: tried: bitwise …``, ``… crashes …`` (``--no-probe``
+leaves that out). The matrix is written as
 ``OUT/matrix.md`` and ``OUT/matrix.html`` and printed.
 
 A Newton–Schulz kernel (``--kernel MODULE:FN``, repeatable) gets a row of its own table: it
@@ -43,7 +47,7 @@ CRASHES = ("hang", "abort", "collective mismatch", "error")
 @dataclass(frozen=True)
 class Adapter:
     spec: str
-    #: ``optimizer`` (``--impl``) or ``kernel`` (``--kernel``)
+    #: ``optimizer`` (``--impl``), ``kernel`` (``--kernel``), or ``probe`` (an optimizer run with ``--probe-undeclared``)
     kind: str = "optimizer"
 
     @property
@@ -70,15 +74,16 @@ class Adapter:
 
 def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
     """One adapter through the gates in its own pytest process; its row from its records."""
-    directory = out / adapter.slug
+    directory = out / (adapter.slug + ("-probe" if adapter.kind == "probe" else ""))
     chosen = ["gates.test_kernel_gates", "--kernel"] if adapter.kind == "kernel" else ["gates", "--impl"]
     command = [
         sys.executable, "-m", "pytest", "--pyargs", chosen[0], "-m", "gate", "-q", "-p", "no:randomly",
         "-p", "no:cacheprovider", "--nproc", str(args.nproc), chosen[1], adapter.spec,
         "--hypothesis-profile", args.profile, "--gate-report", str(directory), "--gate-device", args.gate_device,
-        *(["-k", args.k] if args.k and adapter.kind == "optimizer" else []),
-        *(["--against", args.against] if adapter.kind == "optimizer" else []),
-        *(["--reference", args.reference] if args.reference and adapter.kind == "optimizer" else []),
+        *(["-k", args.k] if args.k and adapter.kind != "kernel" else []),
+        *(["--against", args.against] if adapter.kind != "kernel" else []),
+        *(["--reference", args.reference] if args.reference and adapter.kind != "kernel" else []),
+        *(["--probe-undeclared"] if adapter.kind == "probe" else []),
     ]  # fmt: skip
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
@@ -86,7 +91,44 @@ def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
     except subprocess.TimeoutExpired:
         note = f"the run took longer than {args.timeout:g} s and was stopped"
     streams = sorted(directory.glob("results*.jsonl"))
-    return row_of(adapter.spec, adapter.package(), read_streams(streams) if streams else [], note, adapter.kind)
+    row = row_of(adapter.spec, adapter.package(), read_streams(streams) if streams else [], note, adapter.kind)
+    if adapter.kind == "optimizer" and args.probe and _undeclared(row):
+        probe = run_adapter(Adapter(adapter.spec, "probe"), out, args)
+        row = with_probe(row, probe)
+    return row
+
+
+def _undeclared(row: Row) -> bool:
+    """Whether a row has cells narrowed or skipped for what its candidate did not declare."""
+    return any(c.narrowed or _declined(c) for c in [*row.gates.values(), *row.layouts.values()])
+
+
+def _declined(cell: Cell) -> bool:
+    """A cell skipped for a feature or layout the candidate did not declare (not a device, not a convention)."""
+    return cell.status == "not supported" and (
+        cell.detail.startswith("its point narrowed away")
+        or re.match(r"does not declare (?!cpu|cuda)", cell.detail) is not None
+    )
+
+
+def with_probe(row: Row, probe: Row) -> Row:
+    """``row`` with what its package did where it declared nothing (``probe``: the same run with
+    ``--probe-undeclared``): a skipped cell becomes ``not declared: tried: …``, a narrowed one says
+    what the cases it narrowed did unnarrowed, and a layout family it never ran gets a cell."""
+
+    def merged(cell: Cell | None, tried: Cell | None) -> Cell | None:
+        if tried is None or tried.status in ("not supported", "not run"):
+            return cell
+        if cell is None or _declined(cell):
+            return Cell("not declared", f"tried: {tried.text()}")
+        if cell.narrowed:
+            return dataclasses.replace(cell, detail=f"{cell.detail}; not declared, tried unnarrowed: {tried.text()}")
+        return cell
+
+    gates = {g: merged(c, probe.gates.get(g)) or c for g, c in row.gates.items()}
+    tried = {f: merged(row.layouts.get(f), c) for f, c in probe.layouts.items()}
+    layouts = {**row.layouts, **{f: c for f, c in tried.items() if c is not None}}
+    return dataclasses.replace(row, gates=gates, layouts=layouts)
 
 
 def _usage(text: str) -> str:
@@ -196,6 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="every optimizer's reference (default: the one each declares); none, with --against self, for none",
     )
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one adapter's run may take")
+    parser.add_argument(
+        "--no-probe",
+        dest="probe",
+        action="store_false",
+        help="do not run an adapter once more on the features and layouts it does not declare",
+    )
     parser.add_argument("--out", default="muongate-matrix", help="directory for the runs and the matrix")
     args = parser.parse_args(argv)
     if args.nproc < 1 or args.timeout <= 0:

@@ -14,7 +14,8 @@ from reports.summary import LAYOUT_ORDER
 @dataclass(frozen=True)
 class Cell:
     """A verdict: ``bitwise``, ``tier``, ``passes`` (the gate's own verdict, nothing compared:
-    an input refused by name), ``fails``, ``crashes``, ``not supported`` or ``not run``."""
+    an input refused by name), ``fails``, ``crashes``, ``not supported``, ``not run``, or ``not
+    declared`` (its detail: what the package did there when tried anyway, ``tried: …``)."""
 
     status: str
     detail: str = ""
@@ -97,6 +98,7 @@ COLOURS = {
     "fails": ("#c62828", "fails: a comparison differed"),
     "crashes": ("#6a1b9a", "crashes: hang, abort, collective mismatch or error"),
     "not": ("#bdbdbd", "not supported or not run"),
+    "probed": ("#ffffff", "dashed border: not declared by the adapter, tried anyway"),
 }
 
 
@@ -109,7 +111,8 @@ def render_html(matrix: Matrix) -> str:
         "td,th{border:1px solid #fff;padding:3px 5px;vertical-align:top;font-size:12px}"
         "th{background:#eee;writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;max-height:14em}"
         "th.row,td.row{writing-mode:horizontal-tb;transform:none;text-align:left;background:#f7f7f7;max-width:22em}"
-        "td.cell{color:#fff;min-width:5.5em}td.cell.not{color:#333}details summary{cursor:pointer;list-style:none}"
+        "td.cell{color:#fff;min-width:5.5em}td.cell.not{color:#333}td.cell.probed{outline:2px dashed #000;outline-offset:-3px}"
+        ".legend span.probed{color:#000;outline:2px dashed #000}details summary{cursor:pointer;list-style:none}"
         "details[open]{max-width:40em}details div{white-space:pre-wrap;font-size:11px;margin-top:3px}"
         ".legend span{display:inline-block;padding:2px 8px;margin:2px;color:#fff;font-size:12px}"
         + "".join(f".{name}{{background:{colour}}}" for name, (colour, _) in COLOURS.items())
@@ -144,8 +147,10 @@ def _html_table(title: str, columns: list[str], rows: list[list[str]]) -> str:
 
 
 def _status_class(text: str) -> str:
-    first = text.split(" ", 1)[0].rstrip(":")
-    return first if first in COLOURS else ""
+    """A cell's classes: its verdict's; a cell not declared but tried has the tried verdict's, dashed."""
+    tried = text.removeprefix("not declared: tried: ")
+    first = tried.split(" ", 1)[0].rstrip(":")
+    return (first if first in COLOURS else "") + (" probed" if tried != text else "")
 
 
 def render_terminal(matrix: Matrix) -> None:

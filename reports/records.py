@@ -144,6 +144,8 @@ class Header(Record):
     #: what the optimizer gates judged against: ``reference`` or ``self`` (``--against``)
     against: str = "reference"
     time: str = ""
+    #: the features and layouts the candidate did not declare and ran anyway (``--probe-undeclared``)
+    probed: tuple[str, ...] = ()
 
     def fields_json(self) -> dict[str, Any]:
         return {"schema": self.schema, **super().fields_json()}  # readers dispatch on it: always written

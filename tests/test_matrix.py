@@ -4,6 +4,7 @@ declaration), and a deliberately broken adapter fails the cells that ShardedMuon
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,30 @@ def test_the_matrix_page_is_a_coloured_grid_that_renders_in_headless_chromium(tm
     assert "bitwise (1)" in texts and "fails (1)" in texts, texts
     assert any(t.startswith("bitwise: every comparison had the same bits") for t in texts), texts
     assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000, "the page rendered blank"
+
+
+def test_a_feature_an_adapter_does_not_declare_is_tried_and_its_cell_says_what_happened() -> None:
+    """A cell skipped for an undeclared feature is never a bare "not supported": the probe run's
+    verdict replaces it; a narrowed cell says what its cases did unnarrowed; a layout the adapter
+    never ran gets the probe's cell. A device it does not declare stays not supported."""
+    from harness.matrix import with_probe
+
+    header = Header(torch="2.13.0+cpu", backend="gloo")
+    declared = row_of("x:y", "x 1.0", [
+        header,
+        dataclasses.replace(_case(1, "several_steps"), narrowed=("w0 bfloat16 → float32 (bf16 not declared)",)),
+        Skip("checkpoint", "checkpoint: not run: its claim is a checkpoint round trip, and x:y does not declare checkpoint"),
+        Skip("edge:gpu", "edge:gpu: not run: its ranks run on cpu, and x:y does not declare cpu"),
+    ])  # fmt: skip
+    probe = row_of("x:y", "x 1.0", [
+        header,
+        _case(2, "several_steps", "failed", bitwise=False, passed=False, max_abs_diff=0.25),
+        _case(3, "checkpoint", "error"),
+        dataclasses.replace(_case(4, "layouts"), layout="tp"),
+    ])  # fmt: skip
+    row = with_probe(declared, probe)
+    assert row.gates["checkpoint"].text().startswith("not declared: tried: crashes (1): error at w0[4, 4] · case 3")
+    assert "not declared, tried unnarrowed: fails (1): differs from reference" in row.gates["several_steps"].text()
+    assert row.gates["edge:gpu"].text() == "not supported: does not declare cpu"
+    assert row.layouts["tp"].text() == "not declared: tried: bitwise (1): 1/1"
+    assert '<td class="cell crashes probed"' in render_html(Matrix([row]))

@@ -58,6 +58,8 @@ class Impl:
 
     #: whether the candidate names its reference itself (``Candidate.reference``)
     declares_reference: bool = False
+    #: the features and layouts it did not declare and runs anyway (``probing``)
+    probed: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, spec: str) -> Impl:
@@ -91,6 +93,12 @@ class Impl:
             algorithm,
             declared.reference is not None,
         )
+
+    def probing(self) -> Impl:
+        """This candidate run on every feature and layout, those it did not declare too
+        (``--probe-undeclared``): what its package does there, never narrowed away."""
+        undeclared = sorted((FEATURES - self.features - {"fully_shard"}) | (LAYOUTS - self.layouts))
+        return replace(self, features=FEATURES, layouts=LAYOUTS, probed=tuple(undeclared))
 
     def judged_against(self, algorithm: Algorithm) -> Impl:
         """This candidate judged against ``algorithm`` (``--reference``), its conventions checked there."""

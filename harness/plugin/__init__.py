@@ -289,6 +289,10 @@ def _resolve(config: pytest.Config) -> None:
         return
     config.stash[_DEVICES] = _resolve_device(config, config.stash[_NPROC])
     config.stash[_IMPL] = _impl(config)
+    if config.getoption("probe_undeclared"):
+        if config.stash[_IMPL] is None:
+            raise pytest.UsageError("--probe-undeclared probes an --impl candidate: add --impl MODULE:FACTORY")
+        config.stash[_IMPL] = config.stash[_IMPL].probing()
     config.stash[_ALGORITHM] = _algorithm(config)
     if config.stash[_IMPL] is not None:
         config.stash[_IMPL] = config.stash[_IMPL].judged_against(config.stash[_ALGORITHM])
@@ -385,6 +389,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             hypothesis_profile=settings.get_current_profile_name(),
             hypothesis_seed=None if seed is None else str(seed),
             impl=impl.spec if impl else "distributed_impl:ShardedMuon",
+            probed=impl.probed if impl else (),
             reference=config.stash[_ALGORITHM].spec,
             kernel=kernel.spec if kernel else None,
             against=against,

@@ -80,6 +80,14 @@ def add_options(parser: pytest.Parser) -> None:
         "differs from the reference by design; reference.Muon's verdict is still shown beside it).",
     )
     group.addoption(
+        "--probe-undeclared",
+        action="store_true",
+        default=False,
+        help="run the --impl candidate on the features and layouts it does not declare too, instead of narrowing "
+        "or skipping them, to see what its package does there (the matrix's probe; its verdicts are not the "
+        "candidate's contract).",
+    )
+    group.addoption(
         "--gate-baseline",
         metavar="FILE",
         default=None,
