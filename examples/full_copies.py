@@ -83,5 +83,21 @@ class FullCopies(torch.optim.Optimizer):
         return None
 
 
+class Together(torch.optim.Optimizer):
+    """Several optimizers stepped as one (a Muon and an AdamW for the rest, as packages pair
+    them), each on its own parameters as it got them; their state is seen as this one's."""
+
+    def __init__(self, param_groups: list[dict[str, Any]], inner: list[torch.optim.Optimizer]) -> None:
+        super().__init__([{"params": g["params"]} for g in param_groups], {})
+        self._inner = inner
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for opt in self._inner:
+            opt.step()
+            self.state.update(opt.state)
+        return None
+
+
 #: every layout but expert parallelism: the bridge reads any DTensor whole
 LAYOUTS = {"hsdp", "tp", "fsdp_tp", "hsdp_tp"}

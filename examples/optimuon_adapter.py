@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from optimuon import Muon
 
-from examples.full_copies import LAYOUTS, FullCopies
+from examples.full_copies import LAYOUTS, FullCopies, Together
 from harness.candidates import Candidate
 
 
@@ -48,26 +48,12 @@ def _route(groups: list[dict[str, Any]], **muon: Any) -> list[torch.optim.Optimi
     return optimizers + ([torch.optim.AdamW(rest, foreach=False)] if rest else [])
 
 
-class _Both(torch.optim.Optimizer):
-    """Muon and the auxiliary AdamW stepped as one optimizer, on one device."""
-
-    def __init__(self, param_groups: list[dict[str, Any]]) -> None:
-        super().__init__([{"params": g["params"]} for g in param_groups], {})
-        self._inner = _route(param_groups, distributed=False, foreach=False, batched_ns=False)
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        for opt in self._inner:
-            opt.step()
-        return None
-
-
 def optimuon_muon(param_groups: list[dict[str, Any]], **settings: Any) -> FullCopies:
     return FullCopies(param_groups, lambda groups: _route(groups, distributed=True))
 
 
-def optimuon_single_device(param_groups: list[dict[str, Any]], **settings: Any) -> _Both:
-    return _Both(param_groups)
+def optimuon_single_device(param_groups: list[dict[str, Any]], **settings: Any) -> Together:
+    return Together(param_groups, _route(param_groups, distributed=False, foreach=False, batched_ns=False))
 
 
 Candidate(

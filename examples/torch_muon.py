@@ -10,15 +10,21 @@ It declares what it is: torch's conventions; every layout but expert parallelism
 parameters; no checkpoint through DCP (the inner optimizers hold the copies, not the
 model's parameters); and no bf16 parameters (torch keeps bf16 momentum and rounds twice,
 where the reference keeps float32 state: a known, documented difference, not a bug).
+
+``torch_muon_direct`` is the other way users call it: FSDP2's DTensor parameters handed to
+``torch.optim.Muon`` as they are, with no bridge, as its docs' examples hand a model's
+parameters. DTensor then runs Newton–Schulz on the sharded matrices itself, its norms and
+products reduced across ranks (``examples/findings/torch_muon_fsdp2_direct.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
-from examples.full_copies import LAYOUTS, FullCopies
+from examples.full_copies import LAYOUTS, FullCopies, Together
 from harness.candidates import Candidate
 
 
@@ -56,7 +62,11 @@ def torch_muon(param_groups: list[dict[str, Any]], **settings: Any) -> torch.opt
     return FullCopies(param_groups, lambda groups: _inner(groups, settings))
 
 
-Candidate(
+def torch_muon_direct(param_groups: list[dict[str, Any]], **settings: Any) -> torch.optim.Optimizer:
+    return Together(param_groups, _inner(param_groups, settings))
+
+
+_DECLARED = Candidate(
     conventions={
         "momentum_form": "ema",
         "eps_form": "clamp",
@@ -65,7 +75,10 @@ Candidate(
         "ns_dtype": "bfloat16",
         "adjust_lr_fn": "original",
     },
-    features={"adamw"},
+    features={"adamw", "checkpoint"},
     layouts=LAYOUTS,
     package="torch",
-)(torch_muon)
+)
+_DECLARED(torch_muon_direct)
+# full copies: the inner optimizers hold the copies, which a DCP checkpoint of the model does not see
+dataclasses.replace(_DECLARED, features={"adamw"})(torch_muon)

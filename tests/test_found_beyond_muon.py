@@ -45,6 +45,14 @@ def test_torch_adafactor_cannot_step_fsdp2_dtensors() -> None:
 
 
 @pytest.mark.slow
+def test_torch_muon_on_fsdp2_parameters_directly_differs_from_one_device_and_fails_on_an_empty_piece() -> None:
+    run = _run("torch_muon_fsdp2_direct.py", nproc=2)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "[4, 4]: FSDP2 != one device" in run.stdout, run.stdout[-2000:]
+    assert "[1, 7]: RuntimeError: aten.add_.Tensor: in-place operations that require placement changes" in run.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.peers
 def test_torchao_quantizes_per_local_shard() -> None:
     pytest.importorskip("torchao", reason=LOWBIT)
