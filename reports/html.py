@@ -165,7 +165,8 @@ def _diff_grid(case: CaseResult) -> str:
     tensors = sorted({t for t, _ in worst})
     steps = sorted({s for _, s in worst})
     cell, left, top = 22, max(60, 7 * max(len(t) for t in tensors)), 30
-    width, height = left + cell * len(steps) + 10, top + cell * len(tensors) + 28
+    # wide enough for its two lines of text whatever the grid's size
+    width, height = max(560, left + cell * len(steps) + 10), top + cell * len(tensors) + 28
     diffs = [d for d, ok in worst.values() if not ok and d > 0]
     lo, hi = (math.log10(min(diffs)), math.log10(max(diffs))) if diffs else (0.0, 0.0)
     label = f"max|diff| by step and tensor: {case.case}"
