@@ -16,6 +16,13 @@ pytest_plugins = ["pytester"]
 _REPRODUCE = re.compile(r"^reproduce: (PYTHONPATH=.*)$", re.MULTILINE)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` first, each group in its own order: xdist hands tests out in
+    collection order, and a long test that starts last keeps the other workers idle while it
+    runs (a sort, not a dependency: the suite passes in random order too)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def other_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """pytester's directory as another project's: the sessions it starts import its own
