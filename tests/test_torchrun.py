@@ -28,17 +28,32 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: a plug-in that reorders tests differently in every process, as pytest-randomly does
+SHUFFLE_PER_PROCESS = """
+import os
+import random
+
+
+def pytest_collection_modifyitems(items):
+    random.Random(os.getpid()).shuffle(items)
+"""
+
+
 @pytest.mark.slow
 def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) -> None:
+    """Four ranks on two simulated nodes, each rank its own pytest session, with a plug-in
+    that shuffles each session's tests its own way: the ranks still run them in one order."""
     port = _free_port()
     report = tmp_path / "report"
-    env = repo_env()
+    (tmp_path / "shuffle_per_process.py").write_text(SHUFFLE_PER_PROCESS, encoding="utf-8")
+    env = repo_env(tmp_path)
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "muongate-selftest",
         "-m", "pytest", str(REPO / "gates"), "-m", "gate", "-k", "hand_picked_edge or checkpoint_round_trip", "-q",
         "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(report), "--hypothesis-profile", "dev",
+        "-p", "shuffle_per_process",
     ]  # fmt: skip
     nodes = [
         subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

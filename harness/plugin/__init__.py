@@ -217,12 +217,20 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> None:
         _choose_profile(parent.config)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """The session collected gates: now, before any rank starts, the devices and the plug-ins
-    (a bad ``--impl`` is a usage error here when the arguments did not name the gates)."""
+    (a bad ``--impl`` is a usage error here when the arguments did not name the gates).
+
+    Under torchrun every rank runs this session and must run the same tests in the same
+    order. A plug-in that reorders tests per process (pytest-randomly draws its seed in each
+    one) made every gate fail with "rank 1 drew a different case than rank 0"; so, after
+    every other reordering, the tests run in the order of their files and lines."""
     if config.stash.get(_GATES_SEEN, False) or any(_is_gate(item) for item in items):
         _choose_profile(config)
         _resolve(config)
+        if _launched_by_torchrun():
+            items.sort(key=lambda item: (str(item.path), item.location[1] or 0, item.nodeid))
 
 
 def _is_gate(item: pytest.Item) -> bool:
