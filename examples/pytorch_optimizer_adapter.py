@@ -22,6 +22,7 @@ one (``init_group``) and so moves it by weight decay, by design.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pytorch_optimizer import DistributedMuon, Muon
@@ -59,14 +60,6 @@ CONVENTIONS = {
     "ns_dtype": "bfloat16",
     "adjust_lr_fn": "original",
 }
-for _factory in (muon, distributed_muon):
-    Candidate(
-        conventions=CONVENTIONS,
-        features={"adamw"},
-        layouts=LAYOUTS,
-        package="pytorch-optimizer",
-    )(_factory)
-Candidate(
-    single_device=muon,
-    default_group=True,
-)(distributed_muon)
+_DECLARED = Candidate(conventions=CONVENTIONS, features={"adamw"}, layouts=LAYOUTS, package="pytorch-optimizer")
+_DECLARED(muon)
+dataclasses.replace(_DECLARED, single_device=muon, default_group=True)(distributed_muon)

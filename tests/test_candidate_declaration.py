@@ -65,6 +65,29 @@ def vibes(param_groups: list[dict[str, Any]], **settings: Any) -> Any:
     raise AssertionError("never called here")
 
 
+def test_a_second_different_declaration_of_one_factory_is_refused_and_a_subclass_declares_its_own() -> None:
+    """A second ``Candidate(...)(factory)`` would reset every field it does not name (an adapter
+    in this repository lost its conventions so); the same declaration again is harmless."""
+
+    def factory(param_groups: Any, **settings: Any) -> Any: ...
+
+    Candidate(features={"adamw"}, package="theirs")(factory)
+    Candidate(features={"adamw"}, package="theirs")(factory)
+    with pytest.raises(ValueError, match=r"declared already.*dataclasses\.replace\(declaration_of\("):
+        Candidate(default_group=True)(factory)
+    assert declaration_of(factory).package == "theirs"
+
+    @Candidate(features={"adamw"})
+    class Theirs:
+        pass
+
+    @Candidate(features={"bf16"})
+    class Subclass(Theirs):
+        pass
+
+    assert declaration_of(Subclass).features == frozenset({"bf16"})
+
+
 def test_unknown_differences_are_refused_when_the_candidate_is_loaded() -> None:
     Candidate(differences={"vibes"})(vibes)
     with pytest.raises(ValueError, match=r"--impl .*:vibes: Candidate differences: unknown \['vibes'\]; choose from"):

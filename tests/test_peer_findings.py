@@ -44,9 +44,16 @@ def test_muon_fsdp2_step_on_unevenly_sharded_rows_breaks_the_gather() -> None:
     assert "Received data size doesn't match expected size" in run.stdout + run.stderr, run.stderr[-2000:]
 
 
-def test_muon_fsdp2_moves_a_parameter_that_has_no_gradient() -> None:
-    pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
-    run = _torchrun("muon_fsdp2_moves_without_gradient.py", 1)
+@pytest.mark.parametrize(
+    ("package", "script"),
+    [
+        ("muon_fsdp2", "muon_fsdp2_moves_without_gradient.py"),
+        ("pytorch_optimizer", "distributed_muon_moves_without_gradient.py"),
+    ],
+)
+def test_a_muon_that_gives_a_missing_gradient_zeros_moves_the_parameter(package: str, script: str) -> None:
+    pytest.importorskip(package, reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun(script, 1)
     assert run.returncode != 0, run.stdout[-2000:]
     moved = re.search(r"largest change of a weight without a gradient: (\S+)", run.stdout)
     assert moved is not None and float(moved[1]) > 0, run.stdout[-2000:]

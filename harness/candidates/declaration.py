@@ -143,7 +143,17 @@ class Candidate:
             raise ValueError("Candidate piece=…: names the pieces of a shard=… function's layout; declare shard too")
 
     def __call__(self, factory: F) -> F:
-        """Declares this on ``factory`` and returns it: ``@Candidate(...)`` or ``Candidate(...)(factory)``."""
+        """Declares this on ``factory`` and returns it: ``@Candidate(...)`` or ``Candidate(...)(factory)``.
+        A factory is declared once: a second, different declaration would replace every field of
+        the first, the ones it does not name with their defaults, so it is refused."""
+        earlier = vars(factory).get(ATTRIBUTE) if hasattr(factory, "__dict__") else None
+        if isinstance(earlier, Candidate) and earlier != self:
+            name = getattr(factory, "__qualname__", repr(factory))
+            raise ValueError(
+                f"Candidate on {name}: it is declared already, and a second declaration would reset the fields it "
+                f"does not name; put every field in one Candidate(...), or use "
+                f"dataclasses.replace(declaration_of({name}), ...)"
+            )
         setattr(factory, ATTRIBUTE, self)
         return factory
 
