@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from support import REPO, repo_env
 
 from benchmarks.optimizer_step import STEP_LABEL
 from benchmarks.trace_summary import summarize
@@ -57,3 +58,16 @@ def test_optimizer_step_benchmark_runs_on_two_gloo_ranks_and_is_bitwise() -> Non
     }
     assert set(rows) == {"reference (1 device)", "ShardedMuon all_ranks (2 ranks)", "ShardedMuon owner_split (2 ranks)"}
     assert all(line.rstrip().endswith("yes") for name, line in rows.items() if name.startswith("ShardedMuon"))
+
+
+@pytest.mark.slow
+def test_main_job_benchmark_names_each_phase_of_a_gate_session_and_how_busy_the_cores_were() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.main_job", "--runs", "1", "--", "-k", "uneven-7x5"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env=repo_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    for phase in ("start-up", "collection", "the gates (test calls", "the report", "the rest"):
+        assert f"  {phase}" in run.stdout, run.stdout
+    assert "test_hand_picked_edge_case_matches_reference_bitwise[uneven-7x5]" in run.stdout, run.stdout
+    assert "the machine's cores were busy" in run.stdout

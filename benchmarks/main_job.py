@@ -1,0 +1,132 @@
+"""Where the main job's time goes: start-up, collection, the gates, setup and teardown, the report.
+
+    python -m benchmarks.main_job [--runs 3] [-- PYTEST ARGS…]
+
+Runs the README's main job (``pytest -m gate --nproc 2`` and any further arguments, into a
+scratch report directory) ``--runs`` times, with this module as a pytest plug-in that notes
+when each phase starts and ends, and prints each phase's median seconds and share of the
+wall-clock time, the slowest tests, and how busy the machine's cores were (the CPU time of
+the session and every process it started, over wall time × cores). Inside a gate, where a
+case's time goes (hypothesis, the round trip to the ranks, each phase on a rank) is
+``benchmarks.case_throughput``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_TIMES = "MUONGATE_BENCH_TIMES"
+
+# -- the plug-in side: one session's timestamps, written at its end --------------------------
+
+_marks: dict[str, float] = {}
+_durations: dict[str, float] = defaultdict(float)
+_calls: list[tuple[float, str]] = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    _marks["configured"] = time.time()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _marks["collected"] = time.time()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations[report.when] += report.duration
+    if report.when == "call":
+        _calls.append((report.duration, report.nodeid))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_terminal_summary() -> Any:
+    start = time.time()
+    yield
+    _durations["report"] += time.time() - start
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = os.environ.get(_TIMES)
+    if path:
+        _marks["unconfigured"] = time.time()
+        calls = sorted(_calls, reverse=True)[:5]
+        Path(path).write_text(json.dumps({"marks": _marks, "durations": _durations, "calls": calls}))
+
+
+# -- the benchmark side ----------------------------------------------------------------------
+
+
+def _run(pytest_args: list[str], scratch: Path) -> dict[str, Any]:
+    times = scratch / "times.json"
+    env = {**os.environ, _TIMES: str(times)}
+    command = [sys.executable, "-m", "pytest", "-m", "gate", "--nproc", "2", "-q", "-p", "benchmarks.main_job",
+               "--gate-report", str(scratch / "report"), *pytest_args]  # fmt: skip
+    before = _busy_idle()
+    launched = time.time()
+    subprocess.run(command, env=env, capture_output=True, check=False)
+    exited = time.time()
+    after = _busy_idle()
+    data = json.loads(times.read_text())
+    marks, durations = data["marks"], data["durations"]
+    wall = exited - launched
+    phases = {
+        "start-up (python, imports, plug-ins)": marks["configured"] - launched,
+        "collection": marks["collected"] - marks["configured"],
+        "the gates (test calls; the pool starts in the first)": durations["call"],
+        "setup and teardown (the pool's close)": durations["setup"] + durations["teardown"],
+        "the report (terminal summary and files)": durations["report"],
+        "exit (after pytest_unconfigure)": exited - marks["unconfigured"],
+    }
+    phases["the rest (pytest between tests, session finish)"] = wall - sum(phases.values())
+    busy, idle = after[0] - before[0], after[1] - before[1]
+    return {"wall": wall, "phases": phases, "busy": busy / max(1, busy + idle), "calls": data["calls"]}
+
+
+def _busy_idle() -> tuple[int, int]:
+    """The machine's busy and idle (with I/O wait) clock ticks so far, from ``/proc/stat``."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return sum(ticks[:8]) - idle, idle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.main_job", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    args = parser.parse_args()
+    runs = []
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory() as scratch:
+            runs.append(_run(args.pytest_args, Path(scratch)))
+        print(f"run {i + 1}: {runs[-1]['wall']:.1f} s", flush=True)
+    wall = statistics.median(r["wall"] for r in runs)
+    print(f"\nmedians of {len(runs)} runs; wall {wall:.1f} s\n")
+    for phase in runs[0]["phases"]:
+        seconds = statistics.median(r["phases"][phase] for r in runs)
+        print(f"  {phase:50} {seconds:7.1f} s  {seconds / wall:6.1%}")
+    busy = statistics.median(r["busy"] for r in runs)
+    print(f"\nthe machine's cores were busy {busy:.0%} of the time (/proc/stat, {os.cpu_count()} cores)")
+    print("slowest tests (the last run):")
+    for seconds, nodeid in runs[-1]["calls"]:
+        print(f"  {seconds:6.1f} s  {nodeid}")
+
+
+if __name__ == "__main__":
+    main()
