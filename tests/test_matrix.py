@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -134,41 +135,74 @@ def _tables(markdown: str) -> list[dict[str, dict[str, str]]]:
     return [{cells[1]: dict(zip(t[0], cells, strict=True)) for cells in t[1:]} for t in tables if t]
 
 
-@pytest.mark.slow
-@pytest.mark.peers
-def test_the_matrix_runs_every_installed_peer_on_the_dev_profile(tmp_path: Path) -> None:
-    """What CI runs of the compatibility matrix: every adapter, on the two hand-picked edge cases
-    whose cells are checked here (each one case, no shrinking: muon-fsdp2 compiles per shape) and
-    the cause gate. The probe of undeclared features has a test of its own (below); the whole
-    matrix is a command of its own (``python -m harness.matrix``)."""
-    for package in ("muon", "pytorch_optimizer", "muon_fsdp2", "torchtitan", "gram_newton_schulz"):
-        pytest.importorskip(package, reason="the peers extra and examples/peers-no-deps.txt")
+#: what each adapter's row must show on CPU CI: the package it needs, and its cell checks
+EXPECTED: dict[str, tuple[str, Callable[[dict[str, str]], bool]]] = {
+    "examples.torch_muon:torch_muon": ("torch", lambda row: row["edge:uneven-7x5"].startswith("bitwise (1)")),
+    "examples.pytorch_optimizer_adapter:muon": (
+        "pytorch_optimizer",
+        lambda row: row["edge:uneven-7x5"].startswith("bitwise (1)"),
+    ),
+    "examples.pytorch_optimizer_adapter:distributed_muon": (
+        "pytorch_optimizer",
+        lambda row: "invalid tensor size" in row["edge:no-grad-and-zero-grad"],
+    ),
+    "examples.keller_muon_adapter:keller_muon": ("muon", lambda row: row["tier:causes"].startswith("tier (")),
+    "examples.muon_fsdp2_adapter:muon_fsdp2": (
+        "muon_fsdp2",
+        lambda row: row["edge:uneven-7x5"].startswith("crashes (1): collective mismatch"),
+    ),
+    "examples.torchtitan_adapter:dist_muon": (
+        "torchtitan",
+        lambda row: row["edge:uneven-7x5"] == "not supported: does not declare cpu",
+    ),
+    # GPU-only packages: their rows say that they do not import
+    "examples.dtensor_muon_adapter:dtensor_muon": (
+        "torch",
+        lambda row: "(does not import: ModuleNotFoundError: No module named" in row["package"],
+    ),
+    "examples.emerging_optimizers_adapter:muon": (
+        "torch",
+        lambda row: "(does not import: ModuleNotFoundError: No module named" in row["package"],
+    ),
+}
+assert set(EXPECTED) == set(PEERS)
+
+
+def _matrix(tmp_path: Path, *adapters: str) -> list[dict[str, dict[str, str]]]:
+    """The matrix's tables for ``adapters`` (``--kernel`` ones included), on the two hand-picked
+    edge cases whose cells are checked and the cause gate (each one case, no shrinking:
+    muon-fsdp2 compiles per shape); the probe pass has a test of its own (below)."""
     run = subprocess.run(
         [sys.executable, "-m", "harness.matrix", "--nproc", "2", "--profile", "dev", "--timeout", "300", "--no-probe",
-         "-k", "uneven-7x5 or no-grad-and-zero-grad or declared_difference", "--out", str(tmp_path), *PEERS,
-         *(a for k in KERNELS for a in ("--kernel", k))],
+         "-k", "uneven-7x5 or no-grad-and-zero-grad or declared_difference", "--out", str(tmp_path), *adapters],
         capture_output=True, text=True, timeout=900, check=False, cwd=REPO, env=repo_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    rows, kernels = _tables((tmp_path / "matrix.md").read_text())
-    assert set(rows) == set(PEERS), sorted(rows)
+    return _tables((tmp_path / "matrix.md").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+@pytest.mark.parametrize("adapter", PEERS)
+def test_the_matrix_runs_every_installed_peer_on_the_dev_profile(tmp_path: Path, adapter: str) -> None:
+    """What CI runs of the compatibility matrix: each adapter's row, one matrix run each (so that
+    xdist spreads them); the whole matrix is a command of its own (``python -m harness.matrix``)."""
+    package, holds = EXPECTED[adapter]
+    pytest.importorskip(package, reason="the peers extra and examples/peers-no-deps.txt")
+    (rows,) = _matrix(tmp_path, adapter)
+    assert set(rows) == {adapter}, sorted(rows)
+    assert holds(rows[adapter]), rows[adapter]
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+def test_the_matrix_gives_the_published_kernels_a_table_of_their_own(tmp_path: Path) -> None:
+    pytest.importorskip("gram_newton_schulz", reason="the peers extra and examples/peers-no-deps.txt")
+    (kernels,) = _matrix(tmp_path, *(a for k in KERNELS for a in ("--kernel", k)))
     assert set(kernels) == set(KERNELS), sorted(kernels)
     gram = kernels["examples.gram_newton_schulz_adapter:gram_newton_schulz"]
     assert gram["kernel:vs_reference"].startswith("fails ("), gram  # float16 inside, against fp32's tier
     assert gram["kernel:oracle"].startswith("passes ("), gram
-    assert rows["examples.pytorch_optimizer_adapter:muon"]["edge:uneven-7x5"].startswith("bitwise (1)")
-    assert rows["examples.torch_muon:torch_muon"]["edge:uneven-7x5"].startswith("bitwise (1)")
-    assert rows["examples.muon_fsdp2_adapter:muon_fsdp2"]["edge:uneven-7x5"].startswith(
-        "crashes (1): collective mismatch"
-    )
-    assert (
-        "invalid tensor size"
-        in rows["examples.pytorch_optimizer_adapter:distributed_muon"]["edge:no-grad-and-zero-grad"]
-    )
-    assert rows["examples.keller_muon_adapter:keller_muon"]["tier:causes"].startswith("tier (")
-    assert rows["examples.torchtitan_adapter:dist_muon"]["edge:uneven-7x5"] == "not supported: does not declare cpu"
-    for gpu_only in ("examples.dtensor_muon_adapter:dtensor_muon", "examples.emerging_optimizers_adapter:muon"):
-        assert "(does not import: ModuleNotFoundError: No module named" in rows[gpu_only]["package"], rows[gpu_only]
 
 
 def test_the_matrix_page_is_a_coloured_grid_that_renders_in_headless_chromium(tmp_path: Path) -> None:
