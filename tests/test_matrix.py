@@ -105,17 +105,6 @@ def test_an_adapter_whose_package_does_not_import_gets_a_row_that_says_so() -> N
     assert Matrix([row]).table()[1][0][2] == "– (did not run)"
 
 
-#: every adapter of a published Muon, and what its row must show on CPU CI (Python 3.11, gloo)
-PEERS = [
-    "examples.torch_muon:torch_muon",
-    "examples.pytorch_optimizer_adapter:muon",
-    "examples.pytorch_optimizer_adapter:distributed_muon",
-    "examples.keller_muon_adapter:keller_muon",
-    "examples.muon_fsdp2_adapter:muon_fsdp2",
-    "examples.torchtitan_adapter:dist_muon",
-    "examples.dtensor_muon_adapter:dtensor_muon",
-    "examples.emerging_optimizers_adapter:muon",
-]
 #: the published Newton–Schulz kernels' adapters
 KERNELS = ["examples.gram_newton_schulz_adapter:gram_newton_schulz"]
 
@@ -165,7 +154,8 @@ EXPECTED: dict[str, tuple[str, Callable[[dict[str, str]], bool]]] = {
         lambda row: "(does not import: ModuleNotFoundError: No module named" in row["package"],
     ),
 }
-assert set(EXPECTED) == set(PEERS)
+#: every adapter of a published Muon
+PEERS = list(EXPECTED)
 
 
 def _matrix(tmp_path: Path, *adapters: str) -> list[dict[str, dict[str, str]]]:
