@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import repo_env
 
 from harness.ranks import RankPool
 from harness.tasks import selftest as tasks
@@ -173,3 +174,39 @@ def test_a_ranks_threads_count_every_pool_on_the_host(tmp_path, monkeypatch):
     assert ThreadBudget(2, threads=3, registry=tmp_path).threads() == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert ThreadBudget(8, registry=tmp_path).threads() == 2
+
+
+_SERVER_OF_A_FRESH_PROCESS = """
+import os, sys, threading, time
+from multiprocessing import forkserver
+from harness.ranks import RankPool
+from harness.tasks import selftest as tasks
+
+if sys.argv[1] == "thread":
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+with RankPool(2, case_timeout_s=30) as pool:
+    assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
+    assert pool.run(tasks.die_on_rank, 1).failure.kind == "died"
+    assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
+    server = forkserver._forkserver._forkserver_pid
+    with open(f"/proc/{server}/cmdline", "rb") as f:
+        print("forked" if f.read() == open("/proc/self/cmdline", "rb").read() else "started afresh")
+"""
+
+
+@pytest.mark.parametrize(("threads", "server"), [("none", "forked"), ("thread", "started afresh")])
+def test_the_forkserver_is_forked_from_a_process_with_one_thread_and_started_afresh_otherwise(
+    tmp_path: Path, threads: str, server: str
+) -> None:
+    """A gate session's forkserver is a fork of it (``harness.ranks.forkserver``), so that its
+    ranks need not import torch and the tasks again; a process with a thread of its own gets
+    a server started the usual way. Either serves ranks that die and are replaced."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _SERVER_OF_A_FRESH_PROCESS, threads],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path, env=repo_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == server

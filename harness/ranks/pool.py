@@ -64,6 +64,7 @@ from unittest import mock
 
 from harness.ranks.budget import ThreadBudget, usable_cores
 from harness.ranks.context import CaseOutcome, Groups, RankContext, RankFailure, make_groups
+from harness.ranks.forkserver import fork_server
 from harness.ranks.stacks import Frame, collective, main_thread_frames
 from harness.ranks.watch import Progress, StackReader, serve_stacks
 
@@ -283,6 +284,9 @@ class RankPool:
     def start(self) -> None:
         import torch.distributed as dist
 
+        if not self.devices[0].startswith("cuda"):
+            # Before the store's threads exist: the server may then be a fork of this process.
+            fork_server(_PRELOAD)
         if self._store is None:
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.spawns += 1
