@@ -78,9 +78,18 @@ def ordered_bits(t: Tensor) -> Tensor:
 
 
 def compare(
-    expected: Tensor, actual: Tensor, *, tensor: str, step: int = 0, rank: int = 0, tier: Tier = BITWISE
+    expected: Tensor,
+    actual: Tensor,
+    *,
+    tensor: str,
+    step: int = 0,
+    rank: int = 0,
+    tier: Tier = BITWISE,
+    start: Tensor | None = None,
 ) -> Comparison:
-    """Computes every figure for ``actual`` against ``expected`` and judges it by ``tier``."""
+    """Computes every figure for ``actual`` against ``expected`` and judges it by ``tier``.
+    ``start``: the tensor's value before the first step, so that a difference can be set
+    against how far the expected tensor moved (``Comparison.change_norm``)."""
     e = expected.detach().cpu()
     a = actual.detach().cpu()
     make = functools.partial(
@@ -99,9 +108,11 @@ def compare(
     int_dtype = _INT_VIEW[e.dtype]
     # Raw bits decide: -0.0 and +0.0 are distinct here though 0 ULP apart.
     e_bits, a_bits = e.contiguous().view(int_dtype), a.contiguous().view(int_dtype)
+    change = float(torch.linalg.vector_norm(e.double() - start.detach().cpu().double())) if start is not None else 0.0
     if torch.equal(e_bits, a_bits) and not recast:  # the common case, and the cheap one
         all_zero = not bool(e_bits.any())
-        return make(shape=shape, all_zero=all_zero, note="both all zero: compares nothing" if all_zero else "")
+        note = "both all zero: compares nothing" if all_zero else ""
+        return make(shape=shape, all_zero=all_zero, note=note, change_norm=change)
     differs = e_bits != a_bits
     mismatches = int(differs.sum())
     ulp = (ordered_bits(e) - ordered_bits(a)).abs().to(torch.float64)
@@ -144,6 +155,8 @@ def compare(
         actual_at_worst=float(flat_a[worst]) if worst is not None else None,
         all_zero=all_zero,
         note="; ".join(notes),
+        diff_norm=gap,
+        change_norm=change,
     )
 
 

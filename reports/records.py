@@ -177,6 +177,12 @@ class Comparison(Record):
     #: what the candidate was compared with: ``reference`` (``reference.Muon``) or ``self``
     #: (the same candidate on one device, ``--against self``)
     against: str = "reference"
+    #: of a comparison that differed: ``‖actual − expected‖`` over this piece, and how far the
+    #: expected piece moved from its start (a parameter's value before the first step; zero for
+    #: a state), where the task gave one. Summed over the ranks' pieces, the two set a
+    #: difference against the change (``harness.causes.beyond_causes``).
+    diff_norm: float = 0.0
+    change_norm: float = 0.0
 
     @property
     def numel(self) -> int:
@@ -196,6 +202,7 @@ class Comparison(Record):
     ROW: ClassVar[tuple[str, ...]] = (
         "tensor", "shape", "dtype", "note", "all_zero", "against", "tier", "tier_kind", "bitwise", "passed",
         "max_abs_diff", "max_ulp", "mismatches", "rel_fro", "worst_index", "expected_at_worst", "actual_at_worst",
+        "diff_norm", "change_norm",
     )  # fmt: skip
 
     def to_row(self) -> list[Any]:
@@ -264,7 +271,10 @@ class CaseResult(Record):
 
     @property
     def finding(self) -> str:
-        """What kind of failure this is (``finding_of``)."""
+        """What kind of failure this is (``finding_of``): ``beyond its causes`` where the runner
+        found a difference far past what the candidate's declared causes explain (``figures``)."""
+        if self.status == "failed" and self.figures.get(BEYOND_CAUSES):
+            return "beyond its causes"
         return finding_of(self.status, self.comparisons)
 
     def verdict(self, against: str) -> bool | None:
@@ -315,6 +325,11 @@ def verdict_of(comparisons: Iterable[Comparison], against: str) -> bool | None:
     """Whether every comparison with ``against`` passed; ``None`` where there was none."""
     mine = [c.passed for c in comparisons if c.against == against]
     return all(mine) if mine else None
+
+
+#: a case's figure: how many of its tensors lie far past what the candidate's declared causes
+#: explain (``harness.causes.beyond_causes``); such a case is a finding of its own kind
+BEYOND_CAUSES = "beyond_causes"
 
 
 def finding_of(status: Status, comparisons: Iterable[Comparison]) -> str:

@@ -21,7 +21,11 @@ that hide inside the declared difference from a one-step check, and that the cau
 three steps and state must catch: ``gathered_muon_momentum_restart`` starts its momentum
 from zero every step (right at the first step, wrong from the second), and
 ``gathered_muon_normalizes_buffer``, with Nesterov off, normalizes its momentum buffer in
-place before gathering it (the step's update is right; the state is not).
+place before gathering it (the step's update is right; the state is not). And
+``gathered_muon_unscaled_decay`` decays by ``weight_decay`` without the lr: the cause gate,
+without weight decay, cannot see it, and every bitwise gate fails by design anyway; a case
+with weight decay lies far past what the declared causes explain, a finding of its own
+(``harness.causes.beyond_causes``).
 """
 
 from __future__ import annotations
@@ -123,6 +127,16 @@ class GatheredMuonNormalizesBuffer(GatheredMuon):
         super()._apply_update(p, update, group)
 
 
+class GatheredMuonUnscaledDecay(GatheredMuon):
+    """Decays the weights by ``weight_decay`` alone, not by ``lr · weight_decay`` (decoupled decay
+    written without its lr): right without weight decay, where the cause gate looks; far off
+    with any."""
+
+    def _apply_update(self, p: DTensor, update: Tensor, group: dict[str, Any]) -> None:
+        lr = group["lr"]
+        super()._apply_update(p, update, {**group, "weight_decay": group["weight_decay"] / lr if lr else 0.0})
+
+
 _DECLARED = Candidate(
     conventions={
         "momentum_form": "sum",
@@ -154,9 +168,14 @@ def gathered_muon_normalizes_buffer(
     return GatheredMuonNormalizesBuffer(param_groups, **settings)
 
 
+def gathered_muon_unscaled_decay(param_groups: list[dict[str, Any]], **settings: Any) -> GatheredMuonUnscaledDecay:
+    return GatheredMuonUnscaledDecay(param_groups, **settings)
+
+
 for _factory in (
     gathered_muon,
     gathered_muon_local_lr,
+    gathered_muon_unscaled_decay,
     gathered_muon_momentum_restart,
     gathered_muon_normalizes_buffer,
 ):

@@ -34,6 +34,7 @@ FINDINGS: dict[str, type[Finding]] = {
     kind: type(name, (Finding,), {"__doc__": f"A gate's finding: {kind}."})
     for kind, name in (
         ("differs from reference", "DiffersFromReference"),
+        ("beyond its causes", "BeyondItsCauses"),
         ("differs from itself", "DiffersFromItself"),
         ("failed", "VerdictFailed"),
         ("hang", "Hang"),

@@ -17,6 +17,7 @@ from hypothesis.control import currently_in_test_context
 from harness.candidates import Impl, Kernel
 from harness.cases import Case
 from harness.cases.case import candidate_name
+from harness.causes import beyond_causes
 from harness.outcomes import Classified
 from harness.ranks import LauncherGroup, RankPool
 from harness.reproduce import Rerun
@@ -28,7 +29,7 @@ from harness.runner.policy import SkipPolicy
 from harness.runner.ran import Ran, RankCase, robust_finding
 from harness.runner.record import Recorder
 from harness.tasks.training import TrainingSpec
-from reports.records import Comparison, Header, Record, Spectrum, Status
+from reports.records import BEYOND_CAUSES, Comparison, Header, Record, Spectrum, Status
 from reports.stream import ResultStream
 from reports.summary import GateSummary
 
@@ -215,6 +216,13 @@ class GateRunner:
         if robust and failure is not None and failure.status == "error":
             found, message = robust_finding(ran)
             kind, status = found or kind, status if found else "passed"
+        figures: dict[str, float] = {}
+        if status == "failed" and self.impl is not None and isinstance(ran.case, Case) and ran.against == "reference":
+            beyond = beyond_causes(self.impl.differences, ran.case, ran.judged, self.device)
+            if beyond:
+                kind, figures = "beyond its causes", {BEYOND_CAUSES: len(beyond)}
+                lines = [f"{len(beyond)} tensor(s) lie far past what the candidate's declared causes explain:"]
+                message = "\n".join([*lines, *(f"  {line}" for line in beyond), message or ""])
         described = ran.case.describe()
         failed = status != "passed"
         earlier = None
@@ -225,7 +233,9 @@ class GateRunner:
                     f"{message}\nnot shrunk again: gate {earlier[0]} already showed the same {failure.status} "
                     f"on: {earlier[1]}"
                 )
-        self._record(gate, ran.case, status, message or "", ran.outcome.seconds, comparisons=ran.comparisons)
+        self._record(
+            gate, ran.case, status, message or "", ran.outcome.seconds, comparisons=ran.comparisons, figures=figures
+        )
         if earlier is not None:
             raise AlreadyShrunk(self._failure(gate, message or "", described))
         if failed:

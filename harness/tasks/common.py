@@ -4,7 +4,7 @@ groups, and comparing a sharded result with the full reference through DTensor i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -136,18 +136,30 @@ def whole(p: Tensor, shape: Sequence[int], group: Any) -> Tensor:
 
 
 def compare_shard(
-    name: str, step: int, rank: int, ref_full: Tensor, cand: Tensor, tier: Tier = BITWISE, like: Tensor | None = None
+    name: str,
+    step: int,
+    rank: int,
+    ref_full: Tensor,
+    cand: Tensor,
+    tier: Tier = BITWISE,
+    like: Tensor | None = None,
+    start: Tensor | None = None,
 ) -> Comparison:
     """This rank's piece of ``cand`` against the same piece of the full reference tensor, laid
     out by DTensor itself (no offsets computed here, no collective), or as ``like`` (the
     parameter, whose detached copies and state lose its piece) is when ``cand`` is a plain
     piece of a candidate's own sharding. A reference that
-    is itself a DTensor on a one-rank mesh (the candidate's single-device self) is read whole."""
+    is itself a DTensor on a one-rank mesh (the candidate's single-device self) is read whole.
+    ``start``: the full tensor before the first step (a 0-d zero: a state), for ``change_norm``."""
     if isinstance(ref_full, DTensor):
         ref_full = ref_full.full_tensor()
     actual = local_of(cand)
     layout = cand if like is None or isinstance(cand, DTensor) else like
-    return compare(local_piece(ref_full, layout), actual.detach(), tensor=name, step=step, rank=rank, tier=tier)
+    if start is not None and start.dim():
+        start = local_piece(start, layout)
+    return compare(
+        local_piece(ref_full, layout), actual.detach(), tensor=name, step=step, rank=rank, tier=tier, start=start
+    )
 
 
 def plain_state(value: Tensor) -> Tensor:
@@ -173,15 +185,18 @@ def compare_params_and_state(
     rank: int,
     keys: Sequence[str] | None,
     tier: Tier = BITWISE,
+    starts: Mapping[str, Tensor] | None = None,
 ) -> list[Comparison]:
     """For each ``(name, reference parameter, candidate parameter)``: the parameter, then each
     state tensor of ``keys`` (the reference's ``STATE``; ``None``: every one) that both
     optimizers hold for it. A
     state of the parameter's shape is compared piece by piece; any other (a 0-d step count)
-    whole, as this rank holds it."""
+    whole, as this rank holds it. ``starts``: each parameter's full value before the first
+    step, so that its comparisons say how far the reference moved it (states start at zero)."""
     out = []
     for name, ref_p, p in pairs:
-        out.append(compare_shard(name, step, rank, ref_p.detach(), p.detach(), tier, like=p))
+        start = None if starts is None else starts[name]
+        out.append(compare_shard(name, step, rank, ref_p.detach(), p.detach(), tier, like=p, start=start))
         ref_state, state = ref_opt.state.get(ref_p, {}), opt.state.get(p, {})
         for key in sorted(set(ref_state) & set(state)) if keys is None else keys:
             ref_value, value = ref_state.get(key), state.get(key)
@@ -189,7 +204,8 @@ def compare_params_and_state(
                 continue
             ref_value, value = plain_state(ref_value), plain_state(value)
             if ref_value.shape == ref_p.shape:
-                out.append(compare_shard(f"{name}.{key}", step, rank, ref_value, value, tier, like=p))
+                zero = None if start is None else torch.zeros(())
+                out.append(compare_shard(f"{name}.{key}", step, rank, ref_value, value, tier, like=p, start=zero))
             else:
                 whole_value = value.full_tensor() if isinstance(value, DTensor) else value
                 out.append(

@@ -35,6 +35,7 @@ from harness.tasks.sides import (
     by_name,
     candidate_side,
     reference_side,
+    starts_of,
     twin_side,
     unparallel,
 )
@@ -46,6 +47,7 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
     phases = Phases()
     device = torch.device(ctx.device)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+    starts = starts_of(case, tensors)
     phases.lap("inputs")
     mesh = mesh_for(ctx, case.mesh, layout=case.layout)
     ref = reference_side(case, tensors)
@@ -81,7 +83,7 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
         if case.checkpoint_after is not None and step + 1 == case.checkpoint_after:
             model, opt = _round_trip(case, (model, opt), mesh, ctx)
             phases.lap("checkpoint round trip")
-        records += against_reference(case, step, ctx.rank, ref, opt, model)
+        records += against_reference(case, step, ctx.rank, ref, opt, model, starts)
         if twin is not None:
             records += against_twin(case, step, ctx.rank, twin, opt, model)
         phases.lap("compare")
@@ -159,6 +161,7 @@ def run_backward_case(ctx: RankContext, case: Case) -> TaskResult:
     device = torch.device(ctx.device)
     d0 = case.params[0].shape[1]
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+    starts = starts_of(case, tensors)
     ref = reference_side(case, tensors)
     ref_by_name = by_name(ref)
     model = _mlp(case, tensors, mesh_for(ctx, case.mesh))
@@ -180,7 +183,7 @@ def run_backward_case(ctx: RankContext, case: Case) -> TaskResult:
             ref.step()
         opt.step()
         opt.zero_grad()
-        records += against_reference(case, step, ctx.rank, ref, opt, model)
+        records += against_reference(case, step, ctx.rank, ref, opt, model, starts)
         if twin is not None:
             twin[1].step()
             records += against_twin(case, step, ctx.rank, twin, opt, model)

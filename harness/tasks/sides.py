@@ -5,7 +5,7 @@ twin; and this rank's pieces of each compared with the other."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -95,15 +95,33 @@ def unparallel(case: Case, tensors: list[Tensor]) -> Callable[[DeviceMesh | None
     return lambda mesh: build_model(case, tensors, mesh, parallel=False)
 
 
+def starts_of(case: Case, tensors: Sequence[Tensor]) -> dict[str, Tensor] | None:
+    """Each parameter's full value before the first step, where the case's candidate declares
+    known differences (``Candidate.differences``): its comparisons then say how far the
+    reference moved (``Comparison.change_norm``), so that a difference can be set against what
+    those causes explain (``harness.causes.beyond_causes``). ``None`` otherwise: a figure that
+    differs by piece would keep a bitwise comparison's row from being shared in the stream."""
+    if case.candidate is None or not declaration_of(case.candidate).differences:
+        return None
+    return {s.name: t.clone() for s, t in zip(case.params, tensors, strict=True)}
+
+
 def against_reference(
-    case: Case, step: int, rank: int, ref: torch.optim.Optimizer | None, opt: torch.optim.Optimizer, model: nn.Module
+    case: Case,
+    step: int,
+    rank: int,
+    ref: torch.optim.Optimizer | None,
+    opt: torch.optim.Optimizer,
+    model: nn.Module,
+    starts: Mapping[str, Tensor] | None = None,
 ) -> list[Comparison]:
-    """This rank's pieces against the reference's (none under ``--reference none``)."""
+    """This rank's pieces against the reference's (none under ``--reference none``); ``starts``:
+    each parameter's full value before the first step (``compare_params_and_state``)."""
     if ref is None:
         return []
     ref_by_name = by_name(ref)
     pairs = ((s.name, ref_by_name[s.name], case_param(model, s.name)) for s in case.params)
-    return compare_params_and_state(pairs, ref, opt, step=step, rank=rank, keys=reference_of(case).state)
+    return compare_params_and_state(pairs, ref, opt, step=step, rank=rank, keys=reference_of(case).state, starts=starts)
 
 
 def against_twin(
