@@ -10,8 +10,11 @@ single-device self (``--against self``).
 
 Declared as its source has them: EMA momentum, always Nesterov (a group may not set it) and
 always 5 Newton–Schulz steps (``muon_update``'s defaults), ``eps`` 1e-7 added to the norm,
-Keller's coefficients in bf16, the ``original`` lr scale; momentum in the parameter's dtype
-(no ``bf16`` of muongate's float32 kind). Its quintic is the plain form
+Keller's coefficients in bf16, the ``original`` lr scale. bf16 parameters are taken, with
+their momentum in the parameter's dtype (``zeros_like``) and the decay applied to the weight
+in its own dtype before the update (``p.mul_``, then ``p.add_``): known differences
+(``bf16_momentum``, ``decay_rounded``); 3-D parameters too (``experts``): its Newton–Schulz is batched over the
+leading dimensions and the lr scale reads the last two. Its quintic is the plain form
 (``B = b·A + c·A@A; X = a·X + B@X``) and its lr scale multiplies the bf16 update in place
 before the lr does, neither of which the reference expresses; its Adam divides bias-corrected
 moments (``lerp`` of the squared gradient), not torch's AdamW arithmetic, so ``adamw`` is not
@@ -61,10 +64,10 @@ Candidate(
         "ns_dtype": "bfloat16",
         "adjust_lr_fn": "original",
     },
-    features=set(),
+    features={"experts", "bf16"},
     layouts=LAYOUTS,
     single_device=keller_muon_single_device,
     package="muon-optimizer",
     default_group=True,
-    differences={"plain_quintic", "scaled_update"},
+    differences={"plain_quintic", "scaled_update", "bf16_momentum", "decay_rounded"},
 )(keller_muon)

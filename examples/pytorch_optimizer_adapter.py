@@ -12,8 +12,10 @@ on every rank, as DDP would give it (``examples.full_copies``); its single-devic
 
 Declared as its source has them: EMA momentum (``_foreach_lerp_``), ``eps`` 1e-7 clamping
 the norm, Keller's coefficients (``"original"``) in bf16 with ``addmm``, the ``original`` lr
-scale (``use_adjusted_lr=False``), decoupled weight decay; momentum in the parameter's dtype
-(no ``bf16`` of muongate's float32 kind). A 3-D parameter is one matrix to it, flattened
+scale (``use_adjusted_lr=False``), decoupled weight decay. bf16 parameters are taken, with
+their momentum in the parameter's dtype, and the decay is applied to the weight in its own
+dtype before the update (``apply_weight_decay``, then ``p.add_``): ``bf16``, with those known
+differences (``bf16_momentum``, ``decay_rounded``), which the cause gate judges. A 3-D parameter is one matrix to it, flattened
 to ``[size(0), -1]`` as for a convolution, not a stack of experts: no ``experts``. Its AdamW keeps ``exp_avg_sq`` with ``lerp`` of the
 squared gradient, not torch's ``mul_``/``addcmul_``: ``adamw`` is declared anyway, so that the
 gates show what that costs. ``DistributedMuon`` gives every parameter without a gradient a zero
@@ -60,6 +62,12 @@ CONVENTIONS = {
     "ns_dtype": "bfloat16",
     "adjust_lr_fn": "original",
 }
-_DECLARED = Candidate(conventions=CONVENTIONS, features={"adamw"}, layouts=LAYOUTS, package="pytorch-optimizer")
+_DECLARED = Candidate(
+    conventions=CONVENTIONS,
+    features={"adamw", "bf16"},
+    layouts=LAYOUTS,
+    package="pytorch-optimizer",
+    differences={"bf16_momentum", "decay_rounded"},
+)
 _DECLARED(muon)
 dataclasses.replace(_DECLARED, single_device=muon, default_group=True)(distributed_muon)

@@ -236,15 +236,14 @@ def test_a_feature_an_adapter_does_not_declare_is_tried_and_its_cell_says_what_h
 
 @pytest.mark.slow
 def test_the_matrix_tries_a_feature_its_adapter_does_not_declare(tmp_path: Path) -> None:
-    """torch.optim.Muon through full copies declares no bf16 (torch keeps bf16 momentum, the
-    reference float32); the hand-picked bf16 case, skipped for that, is run anyway and its cell
-    says what happened."""
+    """torch.optim.Muon declares no 3-D parameters (it refuses them); the hand-picked expert
+    stack, skipped for that, is run anyway and its cell says what happened."""
     run = subprocess.run(
-        [sys.executable, "-m", "harness.matrix", "--nproc", "2", "-k", "bf16-33x17", "--out", str(tmp_path),
+        [sys.executable, "-m", "harness.matrix", "--nproc", "2", "-k", "experts-1x5x5", "--out", str(tmp_path),
          "examples.torch_muon:torch_muon"],
         capture_output=True, text=True, timeout=600, check=False, cwd=REPO, env=repo_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (row,) = _tables((tmp_path / "matrix.md").read_text())[0].values()
-    assert row["edge:bf16-33x17"].startswith("not declared: tried: "), row
+    assert row["edge:experts-1x5x5"].startswith("not declared: tried: "), row
     assert (tmp_path / "examples.torch_muon_torch_muon-probe" / "results.jsonl").is_file()

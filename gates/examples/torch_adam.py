@@ -2,9 +2,10 @@
 (``for_loop``, ``foreach``, ``fused``) a factory of its own, on FSDP2's DTensor parameters as
 users hand them over: ``torch.optim.AdamW(model.parameters(), ...)`` after ``fully_shard``.
 
-Each declares ``reference.AdamW`` (``muongate_reference``) and the conventions of its class:
+Each declares ``reference.AdamW`` (``Candidate(reference=…)``) and the conventions of its class:
 torch keeps the moments in the parameter's dtype, with bias correction and eps outside the
-root; ``AdamW``'s decay is decoupled and ``Adam``'s is L2. ``--impl
+root; ``AdamW``'s decay is decoupled and ``Adam``'s is L2. Each works element by element on
+whatever DTensor it is handed, so each declares every layout. ``--impl
 gates.examples.torch_adam:adamw_foreach`` puts one through every gate that holds for any
 algorithm.
 """
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 import reference
-from harness.candidates import Candidate
+from harness.candidates import LAYOUTS, Candidate
 
 #: reference.AdamW's keywords that are torch's own; the conventions are declared, not passed
 _TORCH_KEYWORDS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
@@ -66,4 +67,5 @@ for _factory in (*ADAMW, *ADAM):
             **_TORCH_CONVENTIONS,
             "weight_decay_form": "decoupled" if _factory in ADAMW else "l2",
         },
+        layouts=LAYOUTS,
     )(_factory)
