@@ -32,6 +32,7 @@ import multiprocessing.forkserver as mp_forkserver
 import os
 import socket
 import threading
+import traceback
 import warnings
 from multiprocessing import connection, resource_tracker, util
 from typing import Any
@@ -98,6 +99,8 @@ def fork_server(preload: list[str]) -> bool:
                 code = 0
             except SystemExit as e:  # the clients are gone (main's own way out)
                 code = e.code if isinstance(e.code, int) else 0
+            except BaseException:  # as the usual server's interpreter would, say why before leaving
+                traceback.print_exc()
             finally:
                 os._exit(code)
         os.close(alive_r)
