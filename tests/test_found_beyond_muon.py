@@ -32,6 +32,14 @@ def test_torch_cpu_lerp_gives_a_signed_zero_by_length() -> None:
     assert run.returncode == 1 and "zeros(16).lerp_(-zeros(16), 1.0) is -0.0" in run.stdout, run.stdout
 
 
+def test_torch_muon_normalizes_a_bf16_momentum_buffer_in_place_without_nesterov() -> None:
+    run = _run("torch_muon_bf16_buffer_normalized.py")
+    assert run.returncode == 1, run.stdout
+    assert "bfloat16 parameter, nesterov=False: momentum buffer off by 0.479492" in run.stdout, run.stdout
+    assert "bfloat16 parameter, nesterov=True: momentum buffer off by 0\n" in run.stdout, run.stdout
+    assert "float32 parameter, nesterov=False: momentum buffer off by 0\n" in run.stdout, run.stdout
+
+
 def test_dcp_resume_gives_state_to_a_parameter_the_checkpoint_holds_none_for() -> None:
     run = _run("dcp_state_dict_steps_stateless_parameters.py")
     assert run.returncode == 1 and "has state ['exp_avg', 'exp_avg_sq', 'step'] on resume, step 1.0" in run.stdout
