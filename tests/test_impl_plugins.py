@@ -48,8 +48,12 @@ def _run(tmp_path: Path, *args: str, profile: tuple[str, ...] = DEV) -> subproce
 
 @pytest.mark.slow
 def test_torch_optim_muon_adapter_passes_from_outside_the_repository(tmp_path: Path) -> None:
+    """Against itself on one device: its bf16 cases differ from the reference by design (its bf16
+    momentum and second rounding, declared), and its sharding is what is judged."""
     shutil.copy(REPO / "examples" / "torch_muon.py", tmp_path / "their_muon.py")
-    result = _run(tmp_path, "-k", "one_sharded or several_steps", "--impl", "their_muon:torch_muon")
+    result = _run(
+        tmp_path, "-k", "one_sharded or several_steps", "--impl", "their_muon:torch_muon", "--against", "self"
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     assert "2 passed" in result.stdout
 
