@@ -72,9 +72,10 @@ def test_ddp_style_muons_cannot_gather_matrices_of_different_shapes_on_gloo(pack
     pytest.importorskip(module, reason="the peers extra")
     run = _torchrun("ddp_muon_mixed_shapes.py", 2, package)
     assert run.returncode != 0, run.stdout[-2000:]
-    assert (
-        f"rank 0: {package} step failed: RuntimeError: ProcessGroupGloo::allgather: invalid tensor size" in run.stdout
-    )
+    # Both ranks meet it; torchrun stops the other once one fails, so either may be the one that
+    # says so (rank 1 alone, once in CI on 2026-12-03).
+    found = f"{package} step failed: RuntimeError: ProcessGroupGloo::allgather: invalid tensor size"
+    assert re.search(rf"rank [01]: {re.escape(found)}", run.stdout), run.stdout[-2000:]
 
 
 def test_keller_muon_pads_too_few_matrices_beyond_two_ranks() -> None:
