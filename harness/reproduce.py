@@ -41,6 +41,7 @@ class Rerun:
     impl: str | None = None
     kernel: str | None = None
     model: str | None = None
+    engine: str | None = None
     #: ``--reference`` as the user gave it (``None``: the session's default)
     reference: str | None = None
     against: str = "reference"
@@ -59,6 +60,7 @@ class Rerun:
             ("--reference", self.reference),
             ("--kernel", self.kernel),
             ("--model", self.model),
+            ("--engine", self.engine),
             ("--against", None if self.against == "reference" else self.against),
             ("--gate-device", None if self.device == "cpu" else self.device),
             ("--hypothesis-profile", None if self.profile == "ci" else self.profile),

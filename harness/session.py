@@ -24,6 +24,8 @@ class GateConfig:
     algorithm: Any = field(default=None)
     #: the sizes at which the candidate changes behaviour (``Candidate.thresholds``): drawn on both sides
     thresholds: tuple[int, ...] = ()
+    #: the ``--engine`` the engine gates judge (``harness.engines.LoadedEngine``; ``None``: muongate's flat engine)
+    engine: Any = None
 
 
 _CURRENT = [GateConfig()]

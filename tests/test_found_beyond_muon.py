@@ -4,6 +4,7 @@ and the README's line about it must change. The low-bit packages' tests skip, na
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -76,3 +77,14 @@ def test_bitsandbytes_cannot_step_fsdp2_dtensors() -> None:
     run = _run("bitsandbytes_dtensor_parameters.py", nproc=2)
     assert run.returncode != 0, run.stdout[-2000:]
     assert "got mixed torch.Tensor and DTensor" in run.stdout, run.stdout[-2000:]
+
+
+def test_deepspeed_stage_0_bf16_steps_its_optimizer_once_before_training() -> None:
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("needs the engines extra, without a torch of its own: pip install --no-deps -r "
+                    "examples/engines-no-deps.txt")  # fmt: skip
+    run = _run("deepspeed_bf16_stage0_extra_step.py")
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    assert "stage 0, bf16: after one step the state counts 2 step(s); the weight moved 0.015625" in run.stdout
+    assert "stage 0, float32: after one step the state counts 1 step(s)" in run.stdout
+    assert "stage 1, bf16: after one step the state counts 1 step(s)" in run.stdout

@@ -73,6 +73,7 @@ _IMPL = pytest.StashKey[Any]()
 _ALGORITHM = pytest.StashKey[Any]()
 _KERNEL = pytest.StashKey[Any]()
 _MODEL = pytest.StashKey[Any]()
+_ENGINE = pytest.StashKey[Any]()
 _BASELINE = pytest.StashKey[Any]()
 _BASELINE_DIFF = pytest.StashKey[Any]()
 _DEVICES = pytest.StashKey[tuple[str, list[str]]]()
@@ -156,6 +157,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "judges(what, subject): the test judges WHAT (a part of muongate, a kernel), not the optimizer candidate; "
         "skipped under --impl, and reported as judging SUBJECT",
     )
+    config.addinivalue_line(
+        "markers",
+        "engine: an engine gate (harness.engines): it judges --engine, or muongate's flat engine without it; "
+        "skipped under --impl, and the only gates run under --engine",
+    )
     check_options(config)
     nproc = config.getoption("nproc")
     if _launched_by_torchrun():
@@ -184,7 +190,8 @@ def _says_it_runs_gates(config: pytest.Config) -> bool:
     if config.getoption("gate_device") != "auto":
         return True
     if any(
-        config.getoption(name) is not None for name in ("nproc", "impl", "reference", "kernel", "model", "rank_threads")
+        config.getoption(name) is not None
+        for name in ("nproc", "impl", "engine", "reference", "kernel", "model", "rank_threads")
     ):
         return True
     for arg in config.args:
@@ -269,7 +276,12 @@ def _tell_gates(config: pytest.Config) -> None:
     impl = config.stash.get(_IMPL, None)
     thresholds = tuple(declaration_of(impl.factory).thresholds) if impl is not None else ()
     configure(
-        GateConfig(nproc=config.stash[_NPROC], algorithm=config.stash.get(_ALGORITHM, None), thresholds=thresholds)
+        GateConfig(
+            nproc=config.stash[_NPROC],
+            algorithm=config.stash.get(_ALGORITHM, None),
+            thresholds=thresholds,
+            engine=config.stash.get(_ENGINE, None),
+        )
     )
 
 
@@ -311,6 +323,7 @@ def _resolve(config: pytest.Config) -> None:
     config.stash[_ALGORITHM] = _algorithm(config)
     if config.stash[_IMPL] is not None:
         config.stash[_IMPL] = config.stash[_IMPL].judged_against(config.stash[_ALGORITHM])
+    config.stash[_ENGINE] = _engine(config)
     _tell_gates(config)
     config.stash[_KERNEL] = _kernel(config)
     config.stash[_MODEL] = _model(config)
@@ -391,6 +404,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         profile=settings.get_current_profile_name(),
         seed=None if seed is None else str(seed),
         model=config.getoption("model"),
+        engine=config.getoption("engine"),
         reference=config.getoption("reference"),
     )
     runner = GateRunner(
@@ -425,6 +439,16 @@ def _impl(config: pytest.Config) -> Any:
     from harness.candidates import Impl
 
     return _load_plugin(config, "impl", Impl.load, "MODULE:FACTORY")
+
+
+def _engine(config: pytest.Config) -> Any:
+    from harness.engines import LoadedEngine
+
+    if config.getoption("engine") and config.getoption("impl"):
+        raise pytest.UsageError(
+            "--engine with --impl: the engine gates judge the engine's own optimizer, the others the candidate; use one"
+        )
+    return _load_plugin(config, "engine", LoadedEngine.load, "MODULE:FACTORY")
 
 
 def _algorithm(config: pytest.Config) -> Any:
@@ -573,11 +597,18 @@ def _flush_skips(config: pytest.Config) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test marked ``judges`` did not run an ``--impl`` candidate: it never reports on one."""
+    """A test marked ``judges`` did not run an ``--impl`` candidate: it never reports on one.
+    Under ``--engine`` only the engine gates run; under ``--impl`` they do not."""
     marker = item.get_closest_marker("judges")
     impl = item.config.stash.get(_IMPL, None)
     if marker is not None and impl is not None:
         pytest.skip(f"judges {marker.args[0]}, not {impl.spec}; it runs without --impl")
+    engine = item.config.stash.get(_ENGINE, None)
+    is_engine_gate = item.get_closest_marker("engine") is not None
+    if engine is not None and not is_engine_gate and item.get_closest_marker("gate") is not None:
+        pytest.skip(f"judges an optimizer candidate, not the engine {engine.spec}; --engine runs the engine gates")
+    if impl is not None and is_engine_gate:
+        pytest.skip(f"an engine gate: it judges an --engine, not the candidate {impl.spec}")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -50,6 +50,13 @@ def add_options(parser: pytest.Parser) -> None:
         "(what it declares about itself: harness.candidates.Candidate, in harness/candidates/declaration.py).",
     )
     group.addoption(
+        "--engine",
+        metavar="MODULE:FACTORY",
+        default=None,
+        help="judge this sharding engine (FACTORY(model, config, group), e.g. DeepSpeed's ZeRO: "
+        "examples/deepspeed_adapter.py) in the engine gates, and run only those (the contract: harness/engines).",
+    )
+    group.addoption(
         "--reference",
         metavar="MODULE:CLASS",
         default=None,

@@ -8,6 +8,7 @@ from typing import Any
 
 from harness.ranks import LauncherGroup, RankContext, RankPool
 from harness.runner.ran import Ran, RankCase
+from harness.tasks.engine import run_engine_case
 from harness.tasks.kernel import run_kernel_case
 from harness.tasks.muon import run_cause_case, run_orthogonalize_case, run_spectrum_case, run_update_case
 from harness.tasks.optimizer import run_backward_case, run_optimizer_case
@@ -26,6 +27,7 @@ TASKS: dict[str, Callable[[RankContext, Any], TaskResult]] = {
     "training": run_training_case,
     "twins": run_training_twins,
     "kernel": run_kernel_case,
+    "engine": run_engine_case,
 }
 
 

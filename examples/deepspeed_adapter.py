@@ -1,0 +1,243 @@
+"""DeepSpeed 0.19.8's ZeRO stages 0–3, with its Muon and its AdamW, as a muongate engine
+(``harness.engines``)::
+
+    pip install --no-deps -r examples/engines-no-deps.txt
+    pytest -m gate --nproc 2 --engine examples.deepspeed_adapter:deepspeed_zero
+
+What it declares, and why:
+
+- Stages 0, 1, 2 and 3; ``"type": "muon"`` (``MuonWithAuxAdam``: Muon for every matrix whose
+  name holds neither ``embed`` nor ``lm_head``, its AdamW for the rest) and ``"type": "adamw"``,
+  both with ``"torch_adam": true`` (``torch.optim.AdamW``, not the FusedAdam it would compile).
+- ``reduce_scatter`` on and off at stages 2 and 3, but off only for stage 3's Muon (it refuses
+  it on: "Muon and reduce scatter cannot be used together");
+  accumulation 1, 2 and 4; float32 and bf16 (float32 masters at every stage).
+- AdamW is judged against ``reference.AdamW`` (torch's for-loop AdamW is its arithmetic).
+  Muon against DeepSpeed's own ``MuonWithAuxAdam`` on one device: its Newton–Schulz runs in
+  fp16 by default (``ns_method="gram"``, where the accelerator takes fp16) and in bf16 with
+  ``ns_method="standard"`` but in another order of products than the reference, and its
+  momentum at stages 1–2 of a bf16 model is bf16; the reference takes none of these.
+- Universal checkpoints (``ds_to_universal``) convert stages 1–3 of AdamW for another world
+  size; DeepSpeed's converter knows AdamW's state only, so Muon's momentum is not declared.
+
+What the adapter sets, as a user on a CPU machine would: the CPU accelerator where no GPU
+is seen, ``LOCAL_RANK``, no shared-memory all-reduce op (it is built at start-up where a
+compiler is present, and only inference uses it), ``"gradient_clipping": 0`` (DeepSpeed's
+default clips at 1.0; the reference does not clip), and Muon's ``torch.compile`` off around
+the engine's calls (on CPU it would build C++ kernels on every new shape; eager runs the same
+functions, so the compiled kernels are not what the gates judge).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from harness.engines import Engine, EngineConfig
+
+os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+
+import deepspeed
+import deepspeed.ops
+from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+from deepspeed.utils import logger, safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+# Every op is "not compatible", so the shared-memory all-reduce op is neither probed nor built
+# (DeepSpeed reads this table only there); training never calls it.
+deepspeed.ops.__compatible_ops__ = {}
+logger.setLevel(logging.WARNING)
+
+TAG = "muongate"
+ADAM_STATE = ("exp_avg", "exp_avg_sq")
+
+
+@contextlib.contextmanager
+def _eager() -> Iterator[None]:
+    """Muon's ``torch.compile``d functions run eagerly (see the module docstring)."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(disable=True):
+        yield
+
+
+def uses_muon(name: str, p: Tensor) -> bool:
+    """DeepSpeed's own split (``deepspeed.set_optimizer_flags``): matrices, but no embedding or head."""
+    return p.ndim >= 2 and not any(k in name.lower() for k in ("embed", "lm_head"))
+
+
+def ds_config(config: EngineConfig) -> dict[str, Any]:
+    """The DeepSpeed configuration of one engine case."""
+    s = config.options
+    params: dict[str, Any] = {"lr": s["lr"], "weight_decay": s["weight_decay"], "torch_adam": True}
+    if config.optimizer == "muon":
+        params["momentum"] = s["momentum"]
+    else:
+        params.update(betas=list(s["betas"]), eps=s["eps"])
+    zero: dict[str, Any] = {"stage": config.stage}
+    if config.reduce_scatter is not None:
+        zero["reduce_scatter"] = config.reduce_scatter
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": config.accumulate,
+        "optimizer": {"type": config.optimizer, "params": params},
+        "zero_optimization": zero,
+        "gradient_clipping": 0.0,
+        "steps_per_print": 2**31 - 1,
+        **({"bf16": {"enabled": True}} if config.dtype == "bfloat16" else {}),
+    }
+
+
+class DeepSpeedRun:
+    """One DeepSpeed engine on this rank (``harness.engines.EngineRun``)."""
+
+    def __init__(self, model: nn.Module, config: EngineConfig, group: Any) -> None:
+        if dist.get_world_size(group) != dist.get_world_size():
+            raise ValueError(
+                f"DeepSpeed talks over the default process group ({dist.get_world_size()} ranks), and the case's "
+                f"group has {dist.get_world_size(group)}: run its cases on every rank"
+            )
+        os.environ["LOCAL_RANK"] = str(dist.get_rank())
+        self.config = config
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=ds_config(config)
+        )
+        self.params = dict(self.engine.module.named_parameters())
+
+    @property
+    def module(self) -> nn.Module:
+        return self.engine  # type: ignore[no-any-return]
+
+    def backward(self, loss: Tensor) -> None:
+        with _eager():
+            self.engine.backward(loss)
+
+    def step(self) -> None:
+        with _eager():
+            self.engine.step()
+
+    # -- reading through DeepSpeed's own API ----------------------------------------------
+    def full_param(self, name: str) -> Tensor:
+        p = self.params[name]
+        if self.config.stage == 0:
+            return self._stage0_master(p).detach().clone()
+        return safe_get_full_fp32_param(p).clone()
+
+    def full_state(self, name: str) -> Mapping[str, Tensor]:
+        p = self.params[name]
+        muon = self.config.optimizer == "muon" and uses_muon(name, p)
+        keys = ("momentum_buffer",) if muon else ADAM_STATE
+        if self.config.stage == 0:
+            state = (
+                self.engine.optimizer.state if self.config.dtype == "float32" else self.engine.optimizer.optimizer.state
+            )
+            own = state.get(self._stage0_master(p), {})
+            return {k: own[k].clone() for k in keys if k in own}
+        if muon and self.config.stage in (1, 2):
+            return self._flat_momentum(name)
+        if self.config.stage in (1, 2):
+            keys = tuple(k for k in keys if self._fragments_hold(p, k))
+        found = {k: safe_get_full_optimizer_state(p, k) for k in keys}
+        return {k: v.clone() for k, v in found.items() if v is not None}
+
+    def _stage0_master(self, p: Tensor) -> Tensor:
+        """Stage 0 keeps the model's own parameters, or float32 copies of bf16 ones."""
+        if self.config.dtype == "float32":
+            return p
+        optimizer = self.engine.optimizer
+        for low, high in zip(optimizer.fp16_groups, optimizer.fp32_groups, strict=True):
+            for q, master in zip(low, high, strict=True):
+                if q is p:
+                    return master  # type: ignore[no-any-return]
+        raise KeyError(f"no float32 master of a parameter of shape {list(p.shape)}")
+
+    @staticmethod
+    def _fragments_hold(p: Tensor, key: str) -> bool:
+        """Whether every rank that holds a fragment of ``p`` holds ``key`` for it (a group whose
+        parameters had no gradient has no state yet): a rank that lacked it would raise inside
+        ``safe_get_full_optimizer_state`` and leave the others in its all-reduce."""
+        mapping = getattr(p, "_hp_mapping", None)
+        mine = None if mapping is None else key in (mapping.optim_fragment or {})
+        held: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(held, mine)
+        return all(h for h in held if h is not None) and any(h is not None for h in held)
+
+    def _flat_momentum(self, name: str) -> dict[str, Tensor]:
+        """Stages 1–2 keep Muon's momentum as one flat buffer per group of the whole matrices
+        that overlap this rank's partition (its fragment API does not map it): every rank
+        reads its own, and the first that holds ``name``'s gives it."""
+        optimizer = self.engine.optimizer
+        mine: Tensor | None = None
+        for g, params in enumerate(optimizer.params_in_partition):
+            buffer = optimizer.optimizer.state[optimizer.single_partition_of_fp32_groups[g]].get("momentum_buffer")
+            offset = 0
+            for q in params:
+                if q is self.params[name] and buffer is not None:
+                    mine = buffer[offset : offset + q.numel()].view(q.shape).clone()
+                offset += q.numel()
+        held: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(held, mine)
+        first = next((t for t in held if t is not None), None)
+        return {} if first is None else {"momentum_buffer": first}
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        self.engine.save_checkpoint(path, tag=TAG)
+
+    def load(self, path: str) -> None:
+        universal = Path(path, "latest_universal").exists()
+        self.engine.load_checkpoint(path, tag=None if universal else TAG)
+
+
+def single_device(named: list[tuple[str, nn.Parameter]], config: EngineConfig) -> torch.optim.Optimizer:
+    """DeepSpeed's ``MuonWithAuxAdam`` on one device, grouped as its engine groups a model."""
+    s = config.options
+    muon = [p for n, p in named if uses_muon(n, p)]
+    adam = [p for n, p in named if not uses_muon(n, p)]
+    for n, p in named:
+        p.use_muon = uses_muon(n, p)  # type: ignore[attr-defined]
+    common = {"lr": s["lr"], "weight_decay": s["weight_decay"]}
+    groups = [
+        {"params": muon, "use_muon": True, "momentum": s["momentum"], **common},
+        {"params": adam, "use_muon": False, **common},
+    ]
+    optimizer = MuonWithAuxAdam(
+        [g for g in groups if g["params"]], adam_optimizer=torch.optim.AdamW, adam_optimizer_kwargs={"foreach": None}
+    )
+    step = optimizer.step
+
+    def eager_step(*args: Any, **kwargs: Any) -> Any:
+        with _eager():
+            return step(*args, **kwargs)
+
+    optimizer.step = eager_step  # type: ignore[method-assign]
+    return optimizer
+
+
+@Engine(
+    stages={0, 1, 2, 3},
+    optimizers={"muon", "adamw"},
+    judged={"muon": "self"},
+    single_device=single_device,
+    reduce_scatter={2: (True, False), 3: (True, False), ("muon", 3): (False,)},
+    dtypes={"float32", "bfloat16"},
+    differences={
+        "muon": (
+            "Newton–Schulz in fp16 (ns_method 'gram', DeepSpeed's default where the accelerator takes fp16): "
+            "judged against DeepSpeed's own MuonWithAuxAdam on one device",
+            "a bf16 model's momentum is bf16 at stages 1–3 (the gradient's dtype, and stage 3's communication "
+            "dtype), float32 in its one-device MuonWithAuxAdam on the masters: its bf16 cells differ by design",
+        ),
+        "*": ("torch.compile off around the engine's calls (eager runs the same functions)",),
+    },
+    package="deepspeed==0.19.8",
+)
+def deepspeed_zero(model: nn.Module, config: EngineConfig, group: Any) -> DeepSpeedRun:
+    return DeepSpeedRun(model, config, group)

@@ -1,0 +1,170 @@
+"""muongate's own small engine (``harness.engines``), a ZeRO-1 in miniature, and the three
+planted bugs the engine gates must catch (their negative controls).
+
+It keeps every parameter's float32 master in one flat order and splits that order evenly
+over the ranks, so a matrix can straddle two partitions. The rank whose partition holds a
+parameter's first element owns it: it keeps its optimizer state (``reference.Muon``, or
+``reference.AdamW``) and steps it on the whole matrix's all-reduced gradient, then broadcasts
+the new values to the others. Gradients accumulate in ``.grad`` over micro-batches; the
+optimizer steps once per ``accumulate`` of them.
+
+The planted bugs, each a sharding mistake engines have made:
+
+``sliced_engine``
+    orthogonalizes each partition's rows of a straddling matrix alone, instead of the whole matrix;
+``per_micro_batch_engine``
+    steps once per micro-batch instead of once per accumulation boundary;
+``partly_reduced_engine``
+    the owner of a straddling matrix takes the all-reduced gradient only for its own
+    partition's elements, and its own rank's unreduced gradient for the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+import reference
+from harness.engines import Engine, EngineConfig
+from harness.tasks.engine import reference_optimizer
+
+PACKAGE = "muongate (gates/examples/flat_engine.py)"
+
+
+class FlatRun:
+    """One flat engine on this rank (``harness.engines.EngineRun``)."""
+
+    def __init__(self, model: nn.Module, config: EngineConfig, group: Any, bug: str | None = None) -> None:
+        self.module, self.config, self.group, self.bug = model, config, group, bug
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.params = dict(model.named_parameters())
+        self.masters = {n: nn.Parameter(p.detach().float().clone()) for n, p in self.params.items()}
+        sizes = [p.numel() for p in self.params.values()]
+        self.offsets = dict(zip(self.params, [sum(sizes[:i]) for i in range(len(sizes))], strict=True))
+        self.part = max(1, math.ceil(sum(sizes) / self.world))
+        self.owner = {n: min(self.offsets[n] // self.part, self.world - 1) for n in self.params}
+        self.optimizers = {n: self._optimizer(n) for n in self.params if self.owner[n] == self.rank}
+        self.micro = 0
+
+    def _optimizer(self, name: str) -> torch.optim.Optimizer:
+        if self.bug != "sliced" or self.config.optimizer != "muon" or self.masters[name].ndim < 2:
+            return reference_optimizer([(name, self.masters[name])], self.config.optimizer, self.config.options)
+        rows = self._rows_in_partition(name)
+        optimizer = reference_optimizer([(name, self.masters[name])], "muon", self.config.options)
+        optimizer.orthogonalize_fn = _sliced(rows)  # type: ignore[attr-defined]
+        return optimizer
+
+    def _rows_in_partition(self, name: str) -> int:
+        """How many leading rows of ``name`` start in its owner's partition."""
+        end = (self.owner[name] + 1) * self.part - self.offsets[name]
+        cols = self.masters[name].shape[1]
+        return max(1, min(self.masters[name].shape[0], math.ceil(end / cols)))
+
+    def backward(self, loss: Tensor) -> None:
+        (loss / self.config.accumulate).backward()
+
+    def step(self) -> None:
+        self.micro += 1
+        if self.bug == "per_micro" or self.micro % self.config.accumulate == 0:
+            self._step()
+
+    def _step(self) -> None:
+        grads = {n: p.grad for n, p in self.params.items()}
+        local = torch.cat([(g if g is not None else torch.zeros_like(p)).float().flatten() for (n, p), g in
+                           zip(self.params.items(), grads.values(), strict=True)])  # fmt: skip
+        reduced = local.clone()
+        dist.all_reduce(reduced, group=self.group)
+        reduced /= self.world
+        for name, optimizer in self.optimizers.items():
+            if grads[name] is None:
+                continue
+            start, numel = self.offsets[name], self.masters[name].numel()
+            grad = reduced[start : start + numel].clone()
+            if self.bug == "partly_reduced":
+                mine = torch.arange(start, start + numel) // self.part == self.rank
+                grad = torch.where(mine, grad, local[start : start + numel])
+            self.masters[name].grad = grad.view_as(self.masters[name])
+            optimizer.step()
+            self.masters[name].grad = None
+        for name, p in self.params.items():
+            dist.broadcast(self.masters[name].data, src=self._global(self.owner[name]), group=self.group)
+            with torch.no_grad():
+                p.copy_(self.masters[name])
+            p.grad = None
+
+    def _global(self, rank: int) -> int:
+        return dist.get_global_rank(self.group, rank)
+
+    def full_param(self, name: str) -> Tensor:
+        return self.masters[name].detach().clone()
+
+    def full_state(self, name: str) -> Mapping[str, Tensor]:
+        owned = self.optimizers.get(name)
+        state: list[Any] = [dict(owned.state.get(self.masters[name], {})) if owned is not None else None]
+        dist.broadcast_object_list(state, src=self._global(self.owner[name]), group=self.group)
+        return {k: v for k, v in state[0].items() if torch.is_tensor(v)}
+
+    def save(self, path: str) -> None:
+        saved = {
+            "masters": {n: m.detach() for n, m in self.masters.items()},
+            "optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
+            "micro": self.micro,
+        }
+        torch.save(saved, Path(path, f"rank{self.rank}.pt"))
+        dist.barrier(group=self.group)
+
+    def load(self, path: str) -> None:
+        saved = torch.load(Path(path, f"rank{self.rank}.pt"), weights_only=True)
+        with torch.no_grad():
+            for name, master in self.masters.items():
+                master.copy_(saved["masters"][name])
+                self.params[name].copy_(master)
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(saved["optimizers"][name])
+        self.micro = saved["micro"]
+
+
+def _sliced(rows: int) -> Callable[..., Tensor]:
+    """Orthogonalizes the first ``rows`` rows and the rest each on its own (the planted bug)."""
+
+    def orthogonalize(G: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if rows >= G.shape[0]:
+            return reference.orthogonalize(G, *args, **kwargs)
+        return torch.cat([reference.orthogonalize(piece, *args, **kwargs) for piece in (G[:rows], G[rows:])])
+
+    return orthogonalize
+
+
+DECLARED = Engine(stages={1}, dtypes={"float32", "bfloat16"}, package=PACKAGE)
+
+
+@DECLARED
+def flat_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
+    """The correct flat engine."""
+    return FlatRun(model, config, group)
+
+
+@replace(DECLARED, optimizers={"muon"}, judged={})
+def sliced_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
+    return FlatRun(model, config, group, bug="sliced")
+
+
+@replace(DECLARED, optimizers={"muon"}, judged={}, accumulate=(2, 4))
+def per_micro_batch_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
+    return FlatRun(model, config, group, bug="per_micro")
+
+
+@replace(DECLARED, optimizers={"muon"}, judged={})
+def partly_reduced_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
+    return FlatRun(model, config, group, bug="partly_reduced")
+
+
+#: the planted engines the gates must catch, by name
+CONTROLS = {f.__name__: f for f in (sliced_engine, per_micro_batch_engine, partly_reduced_engine)}

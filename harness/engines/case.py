@@ -1,0 +1,198 @@
+"""An engine case, the model it trains, and the hypothesis strategy that draws them.
+
+The model is a ``GradientFeed``: each parameter's loss is ``(p * c).sum()``, linear in the
+parameter, so its gradient is exactly the drawn ``c`` whatever the engine does in forward and
+backward. Each ``c`` is a multiple of 1/8 between -1 and 1, so every sum an engine makes of
+them, over micro-batches and ranks, in any order, divided by accumulation steps and world
+sizes that are powers of two, is exact in float32 and in bf16 (partial sums are multiples of
+1/64 below 4: at most 8 significant bits). Every engine therefore steps on exactly the
+gradient the one-device side steps on, and the comparison isolates its optimizer, its
+partitioning and its accumulation: a wrong reduction (one rank's gradient, a gradient
+counted twice, a step per micro-batch) changes the values, a reordered one cannot.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+import reference
+from harness.engines import Engine, EngineConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class GradientFeed(nn.Module):
+    """Parameters ``p0, p1, …`` of the given shapes, drawn from ``seed``; the loss of a
+    micro-batch is ``Σ (p_i * c_i).sum()`` over the parameters it feeds (``c`` by name)."""
+
+    def __init__(self, shapes: tuple[tuple[int, ...], ...], seed: int, dtype: str) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        for i, shape in enumerate(shapes):
+            value = torch.randn(shape, generator=generator).to(DTYPES[dtype])
+            self.register_parameter(f"p{i}", nn.Parameter(value))
+
+    def forward(self, feed: dict[str, Tensor]) -> Tensor:
+        params = dict(self.named_parameters())
+        return torch.stack([(params[name] * c.to(params[name].dtype)).sum().float() for name, c in feed.items()]).sum()
+
+
+@dataclass(frozen=True)
+class EngineCase:
+    """One engine run: the engine (``MODULE:FACTORY``) and what it is asked to do."""
+
+    engine: str
+    optimizer: str
+    stage: int
+    accumulate: int
+    reduce_scatter: bool | None
+    dtype: str
+    shapes: tuple[tuple[int, ...], ...]
+    #: the parameters no micro-batch's loss reaches (they get no gradient)
+    no_grad: tuple[int, ...]
+    steps: int
+    seed: int
+    world_size: int
+    settings: tuple[tuple[str, Any], ...]
+    #: save after this step and continue from a fresh engine that loads it
+    checkpoint_at: int | None = None
+    #: ``reference`` or ``self`` (the engine's own optimizer on one device; ``Engine.judged``)
+    against: str = "reference"
+    differences: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for what, n in (("world_size", self.world_size), ("accumulate", self.accumulate)):
+            if n < 1 or not math.log2(n).is_integer():
+                raise ValueError(f"EngineCase {what}={n}: a power of two, so that every sum of the feed is exact")
+
+    @property
+    def config(self) -> EngineConfig:
+        return EngineConfig(self.optimizer, self.stage, self.accumulate, self.reduce_scatter, self.dtype, self.settings)
+
+    @property
+    def self_reference(self) -> bool:
+        return self.against == "self"
+
+    @property
+    def reference(self) -> type[torch.optim.Optimizer]:
+        """muongate's reference of the optimizer (what ``against == "reference"`` steps)."""
+        return reference.Muon if self.optimizer == "muon" else reference.AdamW
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f"p{i}" for i in range(len(self.shapes)))
+
+    def feed(self, step: int, rank: int, micro: int) -> dict[str, Tensor]:
+        """``c`` of every parameter with a gradient, for one micro-batch of one rank."""
+        generator = torch.Generator().manual_seed(hash((self.seed, step, rank, micro)) % 2**62)
+        return {
+            name: torch.randint(-8, 9, shape, generator=generator).float() / 8
+            for i, (name, shape) in enumerate(zip(self.names, self.shapes, strict=True))
+            if i not in self.no_grad
+        }
+
+    def mean_gradient(self, step: int) -> dict[str, Tensor]:
+        """What every engine must step on: the mean over ranks of each rank's accumulated
+        micro-batch gradients, each divided by the accumulation steps (exact, see the module)."""
+        total: dict[str, Tensor] = {}
+        for rank in range(self.world_size):
+            for micro in range(self.accumulate):
+                for name, c in self.feed(step, rank, micro).items():
+                    total[name] = total.get(name, torch.zeros_like(c)) + c
+        return {name: g / (self.accumulate * self.world_size) for name, g in total.items()}
+
+    def describe(self) -> str:
+        shapes = " ".join(
+            f"{n}{list(s)}" + (" (no grad)" if i in self.no_grad else "")
+            for i, (n, s) in enumerate(zip(self.names, self.shapes, strict=True))
+        )
+        scatter = "" if self.reduce_scatter is None else f" reduce_scatter={'on' if self.reduce_scatter else 'off'}"
+        saved = "" if self.checkpoint_at is None else f", saved and loaded after step {self.checkpoint_at}"
+        settings = ", ".join(f"{k}={v}" for k, v in self.settings)
+        return (
+            f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
+            f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks"
+        )
+
+
+def _shapes(max_params: int) -> st.SearchStrategy[tuple[tuple[int, ...], ...]]:
+    matrix = st.tuples(st.integers(1, 9), st.integers(1, 9))
+    vector = st.tuples(st.integers(1, 9))
+    return st.lists(st.one_of(matrix, vector), min_size=1, max_size=max_params).map(tuple)
+
+
+def _settings(optimizer: str) -> st.SearchStrategy[tuple[tuple[str, Any], ...]]:
+    common = {"lr": st.sampled_from([0.02, 0.005]), "weight_decay": st.sampled_from([0.0, 0.1])}
+    own = (
+        {"momentum": st.sampled_from([0.95, 0.9])}
+        if optimizer == "muon"
+        else {"betas": st.sampled_from([(0.9, 0.999), (0.9, 0.95)]), "eps": st.just(1e-8)}
+    )
+    return st.fixed_dictionaries({**common, **own}).map(lambda d: tuple(sorted(d.items())))
+
+
+def engine_cases(
+    spec: str,
+    declared: Engine,
+    world_size: int,
+    *,
+    max_steps: int = 3,
+    max_params: int = 4,
+    checkpoint: bool = True,
+    stage: int | None = None,
+    optimizer: str | None = None,
+    accumulate: int | None = None,
+    dtype: str | None = None,
+) -> st.SearchStrategy[EngineCase]:
+    """Cases of everything ``declared`` (or of the one ``stage``, ``optimizer``, ``accumulate``
+    and ``dtype`` given): its ``reduce_scatter`` settings and dtypes, parameters of shapes
+    that straddle the partitions at every world size (uneven by construction), some without
+    gradients, and a checkpoint where the stage declares one."""
+
+    def one(given: Any, declared_values: Any) -> st.SearchStrategy[Any]:
+        return st.just(given) if given is not None else st.sampled_from(sorted(declared_values))
+
+    @st.composite
+    def build(draw: Any) -> EngineCase:
+        chosen = draw(one(optimizer, declared.optimizers))
+        at = draw(one(stage, declared.stages))
+        scatter = declared.scatter_of(chosen, at)
+        shapes = draw(_shapes(max_params))
+        no_grad = tuple(i for i in range(len(shapes)) if len(shapes) > 1 and draw(st.integers(0, 3)) == 0)
+        if len(no_grad) == len(shapes):
+            no_grad = no_grad[1:]
+        steps = draw(st.integers(1, max_steps))
+        saves = checkpoint and steps > 1 and at in declared.checkpoint  # type: ignore[operator]
+        case = EngineCase(
+            engine=spec,
+            optimizer=chosen,
+            stage=at,
+            accumulate=draw(one(accumulate, declared.accumulate)),
+            reduce_scatter=None if scatter is None else draw(st.sampled_from(scatter)),
+            dtype=draw(one(dtype, declared.dtypes)),
+            shapes=shapes,
+            no_grad=no_grad,
+            steps=steps,
+            seed=draw(st.integers(0, 2**16)),
+            world_size=world_size,
+            settings=draw(_settings(chosen)),
+            checkpoint_at=draw(st.none() | st.integers(0, steps - 2)) if saves else None,
+        )
+        return judged(case, declared)
+
+    return build()
+
+
+def judged(case: EngineCase, declared: Engine) -> EngineCase:
+    """The case with what the engine declares it is judged against, and its declared differences."""
+    return replace(
+        case,
+        against=declared.judged[case.optimizer],  # type: ignore[index]
+        differences=declared.differences_of(case.optimizer),
+    )

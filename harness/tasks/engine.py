@@ -1,0 +1,120 @@
+"""An engine case on one rank: the engine trains the ``GradientFeed`` on this rank's
+micro-batches, the one-device side steps on the mean gradient (exact, ``harness.engines.case``),
+and after every step rank 0 compares every full parameter and every state tensor, read
+through the engine's own API (the reads are collectives every rank makes in the same order).
+
+The one-device side is muongate's reference (``reference.Muon`` with its AdamW groups for
+what is not a matrix, or ``reference.AdamW``) or, where the engine declares ``judged="self"``,
+the engine's own optimizer on one device. A case that saves after a step continues from a
+fresh engine, built on a model of other values, that loads the checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import reference
+from harness.compare import compare
+from harness.engines import EngineRun, LoadedEngine
+from harness.engines.case import EngineCase, GradientFeed
+from harness.ranks import RankContext
+from harness.tasks.common import param_groups
+from harness.tasks.result import TaskResult
+from reports.records import Comparison
+
+
+def reference_optimizer(
+    named: list[tuple[str, nn.Parameter]], optimizer: str, settings: dict[str, Any]
+) -> torch.optim.Optimizer:
+    """muongate's reference of an engine's ``optimizer`` on ``named``: ``reference.Muon`` (every
+    matrix by Newton–Schulz, the rest by its AdamW at the same lr and decay) or ``reference.AdamW``."""
+    if optimizer == "adamw":
+        return reference.AdamW([p for _, p in named], **settings)
+    groups = param_groups((n, p, p.ndim >= 2) for n, p in named)
+    return reference.Muon(
+        groups,
+        lr=settings["lr"],
+        weight_decay=settings["weight_decay"],
+        momentum=settings["momentum"],
+        adamw_lr=settings["lr"],
+        adamw_weight_decay=settings["weight_decay"],
+    )
+
+
+def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
+    loaded = LoadedEngine.load(case.engine)
+    model = GradientFeed(case.shapes, case.seed, case.dtype)
+    one_params = {n: nn.Parameter(p.detach().float().clone()) for n, p in model.named_parameters()}
+    run = loaded.factory(model, case.config, ctx.group)
+    named = list(one_params.items())
+    if case.against == "self":
+        assert loaded.declared.single_device is not None
+        one = loaded.declared.single_device(named, case.config)
+    else:
+        one = reference_optimizer(named, case.optimizer, dict(case.settings))
+    records: list[Comparison] = []
+    for step in range(case.steps):
+        for micro in range(case.accumulate):
+            run.backward(run.module(case.feed(step, ctx.rank, micro)))
+            run.step()
+        for name, grad in case.mean_gradient(step).items():
+            one_params[name].grad = grad
+        one.step()
+        one.zero_grad(set_to_none=True)
+        records += _compare(ctx, case, run, one, one_params, step)
+        if case.checkpoint_at == step:
+            run = _reloaded(ctx, case, loaded, run)
+    return TaskResult(tuple(replace(r, against=case.against) for r in records), {})
+
+
+def _compare(
+    ctx: RankContext,
+    case: EngineCase,
+    run: EngineRun,
+    one: torch.optim.Optimizer,
+    one_params: dict[str, nn.Parameter],
+    step: int,
+) -> list[Comparison]:
+    """Every full parameter and state tensor against the one-device side's (on rank 0)."""
+    records: list[Comparison] = []
+    for name, p in one_params.items():
+        full = run.full_param(name)
+        state = run.full_state(name)
+        if ctx.rank != 0:
+            continue
+        records.append(compare(p.detach(), full, tensor=name, step=step, rank=0))
+        expected = {k: v for k, v in one.state.get(p, {}).items() if torch.is_tensor(v) and v.ndim > 0}
+        for key in sorted(expected):
+            if key in state:
+                records.append(compare(expected[key], state[key], tensor=f"{name}.{key}", step=step, rank=0))
+            else:
+                records.append(_missing(f"{name}.{key}", step, expected[key]))
+    return records
+
+
+def _missing(tensor: str, step: int, expected: torch.Tensor) -> Comparison:
+    """A state tensor the one-device side keeps and the engine does not show."""
+    found = compare(expected, expected.new_empty((0,)), tensor=tensor, step=step, rank=0)
+    return replace(found, note="the engine shows no such state (full_state did not return it)")
+
+
+def _reloaded(ctx: RankContext, case: EngineCase, loaded: LoadedEngine, run: EngineRun) -> EngineRun:
+    """Saves ``run`` and returns a fresh engine, on a model of other values, that loaded it."""
+    where: list[Any] = [tempfile.mkdtemp(prefix="muongate-engine-") if ctx.rank == 0 else None]
+    dist.broadcast_object_list(where, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
+    try:
+        run.save(where[0])
+        fresh = loaded.factory(GradientFeed(case.shapes, case.seed + 1, case.dtype), case.config, ctx.group)
+        fresh.load(where[0])
+        dist.barrier(group=ctx.group)
+    finally:
+        if ctx.rank == 0:
+            shutil.rmtree(where[0], ignore_errors=True)
+    return fresh
