@@ -14,6 +14,12 @@ else muongate's own flat engine (``gates/examples/flat_engine.py``), reported as
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +28,9 @@ from hypothesis import strategies as st
 
 from gates.examples import flat_engine
 from harness.engines import LoadedEngine
-from harness.engines.case import EngineCase, engine_cases
+from harness.engines.case import EngineCase, engine_cases, judged
 from harness.session import gate_config
+from reports.records import Comparison
 
 pytestmark = [pytest.mark.gate, pytest.mark.engine]
 
@@ -40,14 +47,27 @@ def _subject() -> str:
     return engine.spec if engine is not None else "muongate: flat engine (gates/examples/flat_engine.py)"
 
 
-#: ZeRO's stages × the two optimizers × accumulation steps × dtypes: a cell of the matrix's engine table each
-CELLS = [
-    (stage, optimizer, acc, dtype)
-    for stage in range(4)
-    for optimizer in ("muon", "adamw")
-    for acc in (1, 2, 4)
-    for dtype in ("float32", "bfloat16")
-]
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test per cell the engine declares (a cell of the matrix's engine table each): stage ×
+    optimizer × accumulation steps × dtype for the steps, stage × optimizer × the world sizes
+    1 and 4 for resharding. Undeclared cells are not collected; the engine's declaration, shown
+    beside its rows, says what it leaves out."""
+    declared = _engine().declared
+    if {"stage", "accumulate", "dtype"} <= set(metafunc.fixturenames):
+        cells = [
+            (stage, optimizer, acc, dtype)
+            for stage in declared.stages
+            for optimizer in sorted(declared.optimizers)
+            for acc in declared.accumulate
+            for dtype in sorted(declared.dtypes)
+        ]
+        ids = [f"stage{s}-{o}-acc{a}-{d}" for s, o, a, d in cells]
+        metafunc.parametrize(("stage", "optimizer", "accumulate", "dtype"), cells, ids=ids)
+    elif {"stage", "world"} <= set(metafunc.fixturenames):
+        moves = [
+            (s, o, w) for s in declared.reshard_stages for o in sorted(declared.reshard_optimizers) for w in (1, 4)
+        ]
+        metafunc.parametrize(("stage", "optimizer", "world"), moves, ids=[f"stage{s}-{o}-to{w}" for s, o, w in moves])
 
 
 def _world() -> int:
@@ -58,9 +78,6 @@ def _world() -> int:
     return world
 
 
-@pytest.mark.parametrize(
-    ("stage", "optimizer", "accumulate", "dtype"), CELLS, ids=[f"stage{s}-{o}-acc{a}-{d}" for s, o, a, d in CELLS]
-)
 @given(data=st.data())
 @settings(max_examples=max(3, settings().max_examples // 20))
 def test_engine_steps_like_its_one_device_side_bitwise(
@@ -68,23 +85,90 @@ def test_engine_steps_like_its_one_device_side_bitwise(
 ) -> None:
     engine = _engine()
     declared = engine.declared
-    undeclared = [
-        what
-        for what, known, value in (
-            ("stage", declared.stages, stage),
-            ("optimizer", declared.optimizers, optimizer),
-            ("accumulation", declared.accumulate, accumulate),
-            ("dtype", declared.dtypes, dtype),
-        )
-        if value not in known  # type: ignore[operator]
-    ]
-    if undeclared:
-        pytest.skip(f"engine: not run: {engine.spec} does not declare this {' or '.join(undeclared)}")
     gate_runner.subject = _subject()
     cases = engine_cases(
         engine.spec, declared, _world(), stage=stage, optimizer=optimizer, accumulate=accumulate, dtype=dtype
     )
     gate_runner.check(f"engine:stage {stage} {optimizer} ×{accumulate} {dtype}", data.draw(cases), task="engine")
+
+
+#: a hand-picked case whose matrices straddle the partitions at 1, 2 and 4 ranks
+RESHARD_SHAPES = ((5, 3), (7,), (2, 9))
+
+
+def _resharded(engine: LoadedEngine, stage: int, optimizer: str, where: Path) -> EngineCase:
+    """``RESHARD_SHAPES`` trained 2 steps on the pool, then saved and converted into ``where``."""
+    settings: tuple[tuple[str, Any], ...] = (("lr", 0.02), ("momentum", 0.95), ("weight_decay", 0.1))
+    if optimizer == "adamw":
+        settings = (("betas", (0.9, 0.999)), ("eps", 1e-8), ("lr", 0.02), ("weight_decay", 0.1))
+    scatter = engine.declared.scatter_of(optimizer, stage)
+    case = EngineCase(
+        engine=engine.spec, optimizer=optimizer, stage=stage, accumulate=2,
+        reduce_scatter=None if scatter is None else scatter[0], dtype="float32", shapes=RESHARD_SHAPES, no_grad=(), steps=2, seed=0,
+        world_size=_world(), settings=settings, save_to=str(where),
+    )  # fmt: skip
+    return judged(case, engine.declared)
+
+
+def _on_own_ranks(case: EngineCase, where: Path) -> tuple[list[Comparison], str]:
+    """The case on ``case.world_size`` ranks of its own (``harness.engines.phase``): rank 0's
+    comparisons, or none and why."""
+    (where / "case.pkl").write_bytes(pickle.dumps(case))
+    out = where / "comparisons.pkl"
+    command = [sys.executable, "-m", "harness.engines.phase", str(where / "case.pkl"), str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+    if run.returncode != 0 or not out.exists():
+        return [], f"its ranks exited {run.returncode}:\n{run.stderr[-3000:]}"
+    return list(pickle.loads(out.read_bytes())), ""
+
+
+def test_engine_resumes_its_resharded_checkpoint_at_another_world_size_bitwise(
+    gate_runner: Any, stage: int, optimizer: str, world: int, tmp_path: Path
+) -> None:
+    """Trained and saved on the pool's ranks, converted for any world size (``Engine.reshard``),
+    loaded on ``world`` ranks of its own (``harness.engines.phase``): every parameter and state tensor equals the
+    one-device side's right after the load, and after one more step on the new world's feed."""
+    engine = _engine()
+    if gate_runner.device != "cpu":
+        pytest.skip("engine:reshard: its loads run on CPU ranks of their own")
+    gate_runner.subject = _subject()
+    gate = f"engine:reshard stage {stage} {optimizer} {_world()}→{world}"
+    saved = _resharded(engine, stage, optimizer, tmp_path)
+    gate_runner.check(gate, saved, task="engine", exact=True)
+    resumed = replace(saved, world_size=world, steps=1, save_to=None,
+                      resumed_from=(str(tmp_path / "resharded"), saved.world_size, saved.steps))  # fmt: skip
+    comparisons, why = _on_own_ranks(resumed, tmp_path)
+    failed = [c for c in comparisons if not c.passed]
+    if why or not comparisons:
+        message = why or "the resumed run compared nothing"
+    else:
+        message = f"{len(failed)} of {len(comparisons)} comparisons failed" + "".join(
+            f"\n  {c.line()}" for c in failed[:8]
+        )
+    passed = not why and bool(comparisons) and not failed
+    gate_runner.judge(gate, resumed.describe(), passed, message, tier="bitwise", comparisons=comparisons)
+
+
+@pytest.mark.judges("muongate's engine reshard gate, with a conversion that drops the state", "muongate: gates")
+def test_engine_reshard_gate_catches_a_conversion_that_drops_the_optimizer_state(
+    gate_runner: Any, tmp_path: Path
+) -> None:
+    if gate_config().nproc < 2:
+        pytest.skip("the control saves on two ranks")
+    engine = LoadedEngine.load(f"{flat_engine.__name__}:lossy_reshard_engine")
+    saved = replace(_resharded(engine, 1, "muon", tmp_path), world_size=2)
+    gate_runner.run(saved, task="engine")
+    resumed = replace(saved, world_size=1, steps=1, save_to=None, resumed_from=(str(tmp_path / "resharded"), 2, 2))
+    comparisons, why = _on_own_ranks(resumed, tmp_path)
+    assert not why, why
+    dropped = sorted({c.tensor for c in comparisons if not c.passed})
+    gate_runner.judge(
+        "negative:engine:lossy_reshard_engine", resumed.describe(), bool(dropped),
+        f"caught: {dropped}" if dropped else "not caught: every comparison passed",
+        tier="bitwise", comparisons=comparisons,
+    )  # fmt: skip
+    assert "p0.momentum_buffer" in dropped, dropped
 
 
 @pytest.mark.judges("muongate's engine gate, with planted engine bugs (negative controls)", "muongate: gates")

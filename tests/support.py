@@ -14,6 +14,9 @@ import pytest
 #: this checkout: the programs a test starts import muongate from here
 REPO = Path(__file__).resolve().parents[1]
 
+#: what a test that needs DeepSpeed says where it is not installed
+ENGINES = "the engines extra, without a torch of its own: pip install --no-deps -r examples/engines-no-deps.txt"
+
 
 def pythonpath(*first: Path | str) -> str:
     """``FIRST…``, then this checkout, then the caller's own ``PYTHONPATH``."""

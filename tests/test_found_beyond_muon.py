@@ -11,9 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import ENGINES
 
 FINDINGS = Path(__file__).resolve().parents[1] / "examples" / "findings"
 LOWBIT = "the lowbit extra, without a torch of its own: pip install --no-deps torchao==0.18.0 bitsandbytes==0.50.2"
+
+
+def _needs_deepspeed() -> None:
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip(f"needs {ENGINES}")
 
 
 def _run(script: str, *args: str, nproc: int = 0) -> subprocess.CompletedProcess[str]:
@@ -80,11 +86,29 @@ def test_bitsandbytes_cannot_step_fsdp2_dtensors() -> None:
 
 
 def test_deepspeed_stage_0_bf16_steps_its_optimizer_once_before_training() -> None:
-    if importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("needs the engines extra, without a torch of its own: pip install --no-deps -r "
-                    "examples/engines-no-deps.txt")  # fmt: skip
+    _needs_deepspeed()
     run = _run("deepspeed_bf16_stage0_extra_step.py")
     assert run.returncode == 1, run.stdout + run.stderr[-2000:]
     assert "stage 0, bf16: after one step the state counts 2 step(s); the weight moved 0.015625" in run.stdout
     assert "stage 0, float32: after one step the state counts 1 step(s)" in run.stdout
     assert "stage 1, bf16: after one step the state counts 1 step(s)" in run.stdout
+
+
+def test_deepspeed_cannot_convert_its_muon_checkpoint_into_a_universal_one() -> None:
+    _needs_deepspeed()
+    run = _run("deepspeed_universal_checkpoint_muon.py")
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    assert "stage 1, adamw: ds_to_universal: converted" in run.stdout
+    assert "stage 1, muon: ds_to_universal: KeyError: 'exp_avg'" in run.stdout
+
+
+def test_deepspeed_cannot_read_its_muon_s_adamw_state_at_zero_1_and_2() -> None:
+    _needs_deepspeed()
+    run = _run("deepspeed_muon_adamw_state_unreadable.py")
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    for stage in (1, 2):
+        assert f"stage {stage}, adamw: the bias's exp_avg: [0.1" in run.stdout, run.stdout
+        assert (
+            f"stage {stage}, muon: the bias's exp_avg: ValueError: exp_avg not found in optimizer state fragment "
+            "(the optimizer holds exp_avg: True)"
+        ) in run.stdout, run.stdout

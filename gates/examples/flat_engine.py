@@ -16,7 +16,12 @@ The planted bugs, each a sharding mistake engines have made:
     steps once per micro-batch instead of once per accumulation boundary;
 ``partly_reduced_engine``
     the owner of a straddling matrix takes the all-reduced gradient only for its own
-    partition's elements, and its own rank's unreduced gradient for the rest.
+    partition's elements, and its own rank's unreduced gradient for the rest;
+``lossy_reshard_engine``
+    converts a checkpoint for another world size (``flat_reshard``) without its optimizer state.
+
+Its checkpoints are a file per rank; ``flat_reshard`` merges them into one that any world
+size loads.
 """
 
 from __future__ import annotations
@@ -117,18 +122,43 @@ class FlatRun:
             "optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
             "micro": self.micro,
         }
+        Path(path).mkdir(parents=True, exist_ok=True)
         torch.save(saved, Path(path, f"rank{self.rank}.pt"))
         dist.barrier(group=self.group)
 
     def load(self, path: str) -> None:
-        saved = torch.load(Path(path, f"rank{self.rank}.pt"), weights_only=True)
+        merged = Path(path, MERGED)
+        saved = torch.load(merged if merged.exists() else Path(path, f"rank{self.rank}.pt"), weights_only=True)
         with torch.no_grad():
             for name, master in self.masters.items():
                 master.copy_(saved["masters"][name])
                 self.params[name].copy_(master)
         for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(saved["optimizers"][name])
+            if name in saved["optimizers"]:
+                optimizer.load_state_dict(saved["optimizers"][name])
         self.micro = saved["micro"]
+
+
+#: the one file a resharded checkpoint is (``flat_reshard``)
+MERGED = "merged.pt"
+
+
+def flat_reshard(saved: str, out: str, *, keep_state: bool = True) -> None:
+    """Every rank's file merged into one that any world size loads: the masters (the same on
+    every rank) and each parameter's optimizer state from its owner."""
+    files = [torch.load(f, weights_only=True) for f in sorted(Path(saved).glob("rank*.pt"))]
+    merged = {
+        "masters": files[0]["masters"],
+        "optimizers": {n: o for f in files for n, o in f["optimizers"].items()} if keep_state else {},
+        "micro": files[0]["micro"],
+    }
+    Path(out).mkdir(parents=True, exist_ok=True)
+    torch.save(merged, Path(out, MERGED))
+
+
+def lossy_reshard(saved: str, out: str) -> None:
+    """The planted bug: a conversion that keeps the parameters and drops the optimizer state."""
+    flat_reshard(saved, out, keep_state=False)
 
 
 def _sliced(rows: int) -> Callable[..., Tensor]:
@@ -142,7 +172,14 @@ def _sliced(rows: int) -> Callable[..., Tensor]:
     return orthogonalize
 
 
-DECLARED = Engine(stages={1}, dtypes={"float32", "bfloat16"}, package=PACKAGE)
+DECLARED = Engine(
+    stages={1},
+    dtypes={"float32", "bfloat16"},
+    reshard=flat_reshard,
+    reshard_stages={1},
+    reshard_optimizers={"muon", "adamw"},
+    package=PACKAGE,
+)
 
 
 @DECLARED
@@ -164,6 +201,11 @@ def per_micro_batch_engine(model: nn.Module, config: EngineConfig, group: Any) -
 @replace(DECLARED, optimizers={"muon"}, judged={})
 def partly_reduced_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
     return FlatRun(model, config, group, bug="partly_reduced")
+
+
+@replace(DECLARED, reshard=lossy_reshard)
+def lossy_reshard_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
+    return FlatRun(model, config, group)
 
 
 #: the planted engines the gates must catch, by name

@@ -45,9 +45,14 @@ made; a bad one is a ``ValueError`` naming the field):
 ``checkpoint``
     the stages whose ``save``/``load`` continue a run (default: all it takes).
 ``reshard``
-    ``reshard(saved, out, world)`` converts a checkpoint saved at one world size into one
-    ``load`` takes at another (DeepSpeed's universal checkpoint), and ``reshard_stages``,
-    ``reshard_optimizers`` say where it applies.
+    ``reshard(saved, out)`` converts the checkpoint ``save`` wrote into the directory ``saved``
+    into one that ``load`` takes at any world size, in ``out`` (DeepSpeed's universal
+    checkpoint), run once, on one process; ``reshard_stages`` and ``reshard_optimizers`` say
+    where it applies.
+``missing_gradient``
+    what it does with a parameter that got no gradient: ``skip`` it (muongate's references:
+    no decay, no state, no step counted; the default) or step it on ``zeros`` (DDP-style engines
+    fill missing gradients with zeros before they reduce), which the one-device side then does too.
 ``differences``
     per optimizer (and ``"*"`` for all), notes of what the engine does otherwise than the
     side it is judged against, by design; each is shown with its verdicts.
@@ -144,6 +149,7 @@ class Engine:
     reshard: Callable[..., Any] | None = None
     reshard_stages: Iterable[int] = frozenset()
     reshard_optimizers: Iterable[str] = frozenset()
+    missing_gradient: str = "skip"
     differences: Mapping[str, Iterable[str]] = field(default_factory=dict)
     package: str | None = None
 
@@ -174,6 +180,8 @@ class Engine:
         put(self, "reshard_optimizers", _names("reshard_optimizers", self.reshard_optimizers, OPTIMIZERS))
         if self.reshard is None and (self.reshard_stages or self.reshard_optimizers):
             raise ValueError("Engine reshard_stages/reshard_optimizers: declare the conversion too, reshard=…")
+        if self.missing_gradient not in ("skip", "zeros"):
+            raise ValueError(f"Engine missing_gradient={self.missing_gradient!r}: 'skip' or 'zeros'")
         put(self, "differences", {k: tuple(v) for k, v in self.differences.items()})
 
     def __call__(self, factory: F) -> F:

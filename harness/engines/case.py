@@ -65,6 +65,12 @@ class EngineCase:
     #: ``reference`` or ``self`` (the engine's own optimizer on one device; ``Engine.judged``)
     against: str = "reference"
     differences: tuple[str, ...] = ()
+    #: what the engine does with a parameter without a gradient (``Engine.missing_gradient``)
+    missing_gradient: str = "skip"
+    #: after the last step, save into ``DIR/saved`` and convert it with ``Engine.reshard`` into ``DIR/resharded``
+    save_to: str | None = None
+    #: ``(DIR, world, steps)``: start from the checkpoint in ``DIR`` that ``steps`` steps on ``world`` ranks saved
+    resumed_from: tuple[str, int, int] | None = None
 
     def __post_init__(self) -> None:
         for what, n in (("world_size", self.world_size), ("accumulate", self.accumulate)):
@@ -99,8 +105,11 @@ class EngineCase:
 
     def mean_gradient(self, step: int) -> dict[str, Tensor]:
         """What every engine must step on: the mean over ranks of each rank's accumulated
-        micro-batch gradients, each divided by the accumulation steps (exact, see the module)."""
-        total: dict[str, Tensor] = {}
+        micro-batch gradients, each divided by the accumulation steps (exact, see the module);
+        zeros for the parameters without one where the engine steps those on zeros."""
+        total: dict[str, Tensor] = {
+            self.names[i]: torch.zeros(self.shapes[i]) for i in self.no_grad if self.missing_gradient == "zeros"
+        }
         for rank in range(self.world_size):
             for micro in range(self.accumulate):
                 for name, c in self.feed(step, rank, micro).items():
@@ -113,7 +122,13 @@ class EngineCase:
             for i, (n, s) in enumerate(zip(self.names, self.shapes, strict=True))
         )
         scatter = "" if self.reduce_scatter is None else f" reduce_scatter={'on' if self.reduce_scatter else 'off'}"
+        if self.missing_gradient == "zeros" and self.no_grad:
+            shapes += " (a missing gradient steps as zeros, as the engine declares)"
         saved = "" if self.checkpoint_at is None else f", saved and loaded after step {self.checkpoint_at}"
+        if self.resumed_from is not None:
+            saved += f", resumed from {self.resumed_from[2]} step(s) on {self.resumed_from[1]} ranks (resharded)"
+        if self.save_to is not None:
+            saved += ", then saved and resharded"
         settings = ", ".join(f"{k}={v}" for k, v in self.settings)
         return (
             f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
@@ -195,4 +210,5 @@ def judged(case: EngineCase, declared: Engine) -> EngineCase:
         case,
         against=declared.judged[case.optimizer],  # type: ignore[index]
         differences=declared.differences_of(case.optimizer),
+        missing_gradient=declared.missing_gradient,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,18 +61,41 @@ def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
     else:
         one = reference_optimizer(named, case.optimizer, dict(case.settings))
     records: list[Comparison] = []
-    for step in range(case.steps):
+    first = 0
+    if case.resumed_from is not None:
+        path, world, first = case.resumed_from
+        before = replace(case, world_size=world, resumed_from=None)
+        for step in range(first):
+            _one_step(one, one_params, before, step)
+        run.load(path)
+        records += _compare(ctx, case, run, one, one_params, first - 1)
+    for step in range(first, first + case.steps):
         for micro in range(case.accumulate):
             run.backward(run.module(case.feed(step, ctx.rank, micro)))
             run.step()
-        for name, grad in case.mean_gradient(step).items():
-            one_params[name].grad = grad
-        one.step()
-        one.zero_grad(set_to_none=True)
+        _one_step(one, one_params, case, step)
         records += _compare(ctx, case, run, one, one_params, step)
         if case.checkpoint_at == step:
             run = _reloaded(ctx, case, loaded, run)
+    if case.save_to is not None:
+        _save_resharded(ctx, loaded, run, case.save_to)
     return TaskResult(tuple(replace(r, against=case.against) for r in records), {})
+
+
+def _one_step(one: torch.optim.Optimizer, params: dict[str, nn.Parameter], case: EngineCase, step: int) -> None:
+    for name, grad in case.mean_gradient(step).items():
+        params[name].grad = grad
+    one.step()
+    one.zero_grad(set_to_none=True)
+
+
+def _save_resharded(ctx: RankContext, loaded: LoadedEngine, run: EngineRun, where: str) -> None:
+    """Saves into ``where/saved``; rank 0 converts it into ``where/resharded`` (``Engine.reshard``)."""
+    run.save(str(Path(where, "saved")))
+    if ctx.rank == 0:
+        assert loaded.declared.reshard is not None
+        loaded.declared.reshard(str(Path(where, "saved")), str(Path(where, "resharded")))
+    dist.barrier(group=ctx.group)
 
 
 def _compare(
