@@ -261,8 +261,9 @@ def single_device(named: list[tuple[str, nn.Parameter]], config: EngineConfig) -
         "muon": (
             "Newton–Schulz in fp16 (ns_method 'gram', DeepSpeed's default where the accelerator takes fp16): "
             "judged against DeepSpeed's own MuonWithAuxAdam on one device",
-            "a bf16 model's momentum is bf16 at stages 1–3 (the gradient's dtype, and stage 3's communication "
-            "dtype), float32 in its one-device MuonWithAuxAdam on the masters: its bf16 cells differ by design",
+            "a bf16 model's momentum is rounded to bf16 at stages 1–3 (stored in the gradient's dtype at 1–2, "
+            "all-gathered in the communication dtype at 3), float32 in its one-device MuonWithAuxAdam on the "
+            "masters: its bf16 cells differ by design (examples/findings/deepspeed_muon_bf16_momentum.py)",
         ),
         "*": ("torch.compile off (eager runs the same functions; the compiled kernels are not judged)",),
     },

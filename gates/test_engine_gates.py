@@ -1,6 +1,8 @@
 """Claims about sharding engines that own the model and keep the optimizer's state themselves
-(``harness.engines``): DeepSpeed's ZeRO through ``--engine examples.deepspeed_adapter:deepspeed_zero``,
-else muongate's own flat engine (``gates/examples/flat_engine.py``), reported as muongate's.
+(``harness.engines``), run only under ``--engine``: DeepSpeed's ZeRO with
+``--engine examples.deepspeed_adapter:deepspeed_zero``, muongate's own flat engine
+(``gates/examples/flat_engine.py``, reported as muongate's) with
+``--engine gates.examples.flat_engine:flat_engine``.
 
 - An engine steps every parameter and every state tensor bit for bit as its one-device side
   does (muongate's reference, or the engine's own optimizer on one device where it declares
@@ -38,13 +40,14 @@ FLAT = "gates.examples.flat_engine:flat_engine"
 
 
 def _engine() -> LoadedEngine:
-    """The session's ``--engine``, else muongate's flat engine."""
+    """The session's ``--engine`` (these gates run only under it; collected without one, they
+    are parametrized for muongate's flat engine, then deselected)."""
     return gate_config().engine or LoadedEngine.load(FLAT)
 
 
 def _subject() -> str:
-    engine = gate_config().engine
-    return engine.spec if engine is not None else "muongate: flat engine (gates/examples/flat_engine.py)"
+    spec = _engine().spec
+    return "muongate: flat engine (gates/examples/flat_engine.py)" if spec == FLAT else spec
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

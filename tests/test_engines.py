@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,43 @@ def test_engine_with_impl_or_a_bad_engine_spec_is_a_usage_error(tmp_path: Path) 
         assert run.returncode == 4 and said in run.stderr, run.stderr[-2000:]
 
 
+def _engine_session(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "gates.test_engine_gates", "-m", "gate", "--nproc", "2", "-q",
+         "-p", "no:cacheprovider", "-p", "no:randomly", "--hypothesis-profile", "dev", "--hypothesis-seed", "0",
+         "--gate-report", str(tmp_path / "report"), *args],
+        cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_flat_engine_passes_every_engine_gate_and_each_planted_engine_bug_is_caught(tmp_path: Path) -> None:
+    run = _engine_session(tmp_path, "--engine", "gates.examples.flat_engine:flat_engine")
+    assert run.returncode == 0, run.stdout[-4000:]
+    gates = json.loads((tmp_path / "report" / "figures.json").read_text())["gates"]
+    for control in ("sliced_engine", "per_micro_batch_engine", "partly_reduced_engine"):
+        assert re.search(rf"engine:{control}\s+yes", run.stdout), run.stdout[-4000:]
+    assert {"engine:reshard stage 1 muon 2→1", "engine:reshard stage 1 adamw 2→4"} <= set(gates), sorted(gates)
+    assert gates["negative:engine:lossy_reshard_engine"]["failed_cases"] == 0, sorted(gates)
+
+
+@pytest.mark.slow
+def test_a_session_without_engine_runs_no_engine_gate_and_one_with_it_no_other_gate(tmp_path: Path) -> None:
+    without = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "gates.test_engine_gates", "gates.test_reshard_gates", "--co",
+         "-q", "-p", "no:cacheprovider", "--nproc", "2"],
+        cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "test_engine_" not in without.stdout and "test_checkpoint_resharded" in without.stdout, without.stdout
+    with_engine = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "gates.test_engine_gates", "gates.test_reshard_gates", "--co",
+         "-q", "-p", "no:cacheprovider", "--nproc", "2", "--engine", "gates.examples.flat_engine:flat_engine"],
+        cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "test_engine_steps_like" in with_engine.stdout, with_engine.stdout
+    assert "test_checkpoint_resharded" not in with_engine.stdout, with_engine.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.peers
 def test_deepspeed_rows_run_every_cell_and_show_its_stage_0_bf16_extra_step(tmp_path: Path) -> None:
@@ -84,12 +122,7 @@ def test_deepspeed_rows_run_every_cell_and_show_its_stage_0_bf16_extra_step(tmp_
     too, in the matrix's run: here stage 1 alone, for CI's time)."""
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip(f"needs {ENGINES}")
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "gates.test_engine_gates", "-m", "gate", "--nproc", "2", "-q",
-         "-p", "no:cacheprovider", "-p", "no:randomly", "--hypothesis-profile", "dev", "--hypothesis-seed", "0",
-         "--engine", DEEPSPEED, "--gate-report", str(tmp_path / "report"), "-k", "steps_like or (resumes and stage1-adamw)"],
-        cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    run = _engine_session(tmp_path, "--engine", DEEPSPEED, "-k", "steps_like or (resumes and stage1-adamw)")
     gates = json.loads((tmp_path / "report" / "figures.json").read_text())["gates"]
     resharded = {name for name in gates if "reshard" in name}
     assert resharded == {f"engine:reshard stage 1 adamw 2→{w}" for w in (1, 4)}, sorted(gates)

@@ -112,3 +112,11 @@ def test_deepspeed_cannot_read_its_muon_s_adamw_state_at_zero_1_and_2() -> None:
             f"stage {stage}, muon: the bias's exp_avg: ValueError: exp_avg not found in optimizer state fragment "
             "(the optimizer holds exp_avg: True)"
         ) in run.stdout, run.stdout
+
+
+def test_deepspeed_rounds_its_muon_s_momentum_to_bf16_at_zero_1_to_3() -> None:
+    _needs_deepspeed()
+    run = _run("deepspeed_muon_bf16_momentum.py", nproc=2)
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    for stage, dtype in ((1, "bfloat16"), (2, "bfloat16"), (3, "float32")):
+        assert f"stage {stage}, bf16 model: Muon momentum 0.050048828125 (torch.{dtype})" in run.stdout, run.stdout

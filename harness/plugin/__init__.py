@@ -159,8 +159,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "engine: an engine gate (harness.engines): it judges --engine, or muongate's flat engine without it; "
-        "skipped under --impl, and the only gates run under --engine",
+        "engine: an engine gate (harness.engines): it judges --engine, and runs only under it, where it is the "
+        "only kind of gate that runs",
     )
     check_options(config)
     nproc = config.getoption("nproc")
@@ -236,8 +236,24 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if config.stash.get(_GATES_SEEN, False) or any(_is_gate(item) for item in items):
         _choose_profile(config)
         _resolve(config)
+        _select_engine_gates(config, items)
         if _launched_by_torchrun():
             items.sort(key=lambda item: (str(item.path), item.location[1] or 0, item.nodeid))
+
+
+def _select_engine_gates(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The engine gates (marked ``engine``) run under ``--engine``, and only they do: the other
+    gates are deselected there, and the engine gates everywhere else, so that a session judges
+    either an optimizer or an engine (and the main job runs no engine)."""
+    engine = config.stash.get(_ENGINE, None) is not None
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        gate = item.get_closest_marker("gate") is not None
+        (keep if not gate or (item.get_closest_marker("engine") is not None) == engine else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _is_gate(item: pytest.Item) -> bool:
@@ -597,18 +613,11 @@ def _flush_skips(config: pytest.Config) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test marked ``judges`` did not run an ``--impl`` candidate: it never reports on one.
-    Under ``--engine`` only the engine gates run; under ``--impl`` they do not."""
+    """A test marked ``judges`` did not run an ``--impl`` candidate: it never reports on one."""
     marker = item.get_closest_marker("judges")
     impl = item.config.stash.get(_IMPL, None)
     if marker is not None and impl is not None:
         pytest.skip(f"judges {marker.args[0]}, not {impl.spec}; it runs without --impl")
-    engine = item.config.stash.get(_ENGINE, None)
-    is_engine_gate = item.get_closest_marker("engine") is not None
-    if engine is not None and not is_engine_gate and item.get_closest_marker("gate") is not None:
-        pytest.skip(f"judges an optimizer candidate, not the engine {engine.spec}; --engine runs the engine gates")
-    if impl is not None and is_engine_gate:
-        pytest.skip(f"an engine gate: it judges an --engine, not the candidate {impl.spec}")
 
 
 @pytest.hookimpl(tryfirst=True)
