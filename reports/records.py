@@ -146,6 +146,8 @@ class Header(Record):
     time: str = ""
     #: the features and layouts the candidate did not declare and ran anyway (``--probe-undeclared``)
     probed: tuple[str, ...] = ()
+    #: the engine the engine gates judged (``--engine``); the session then judged no candidate
+    engine: str = ""
 
     def fields_json(self) -> dict[str, Any]:
         return {"schema": self.schema, **super().fields_json()}  # readers dispatch on it: always written

@@ -54,8 +54,8 @@ made; a bad one is a ``ValueError`` naming the field):
     no decay, no state, no step counted; the default) or step it on ``zeros`` (DDP-style engines
     fill missing gradients with zeros before they reduce), which the one-device side then does too.
 ``differences``
-    per optimizer (and ``"*"`` for all), notes of what the engine does otherwise than the
-    side it is judged against, by design; each is shown with its verdicts.
+    per optimizer (and ``"*"`` for all), short names of what the engine does otherwise than the
+    side it is judged against, by design; every case names them (``EngineCase.describe``).
 ``package``
     the package it drives, for the matrix (``"deepspeed==0.19.8"``).
 

@@ -130,9 +130,10 @@ class EngineCase:
         if self.save_to is not None:
             saved += ", then saved and resharded"
         settings = ", ".join(f"{k}={v}" for k, v in self.settings)
+        declared = f"; declared differences: {', '.join(self.differences)}" if self.differences else ""
         return (
             f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
-            f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks"
+            f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks{declared}"
         )
 
 

@@ -438,6 +438,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             reference=config.stash[_ALGORITHM].spec,
             kernel=kernel.spec if kernel else None,
             against=against,
+            engine=config.stash[_ENGINE].spec if config.stash.get(_ENGINE, None) else "",
         )
     )
     config.stash[_RUNNER] = runner
