@@ -18,8 +18,11 @@ What it declares, and why:
 - AdamW is judged against ``reference.AdamW`` (torch's for-loop AdamW is its arithmetic).
   Muon against DeepSpeed's own ``MuonWithAuxAdam`` on one device: its Newton–Schulz runs in
   fp16 by default (``ns_method="gram"``, where the accelerator takes fp16) and in bf16 with
-  ``ns_method="standard"`` but in another order of products than the reference, and its
-  momentum at stages 1–2 of a bf16 model is bf16; the reference takes none of these.
+  ``ns_method="standard"`` but in another order of products than the reference, and a bf16
+  model's momentum is rounded to bf16 at stages 1–3
+  (``examples/findings/deepspeed_muon_bf16_momentum.py``); the reference takes none of these,
+  and no tolerance tier against it separates correct from wrong on the gate's shapes
+  (``examples/deepspeed_muon_distance.py``).
 - Universal checkpoints (``ds_to_universal``) convert stages 1–3 of AdamW for another world
   size; DeepSpeed's converter knows AdamW's state only, so Muon's momentum is not declared.
 
@@ -29,6 +32,9 @@ compiler is present, and only inference uses it), ``"gradient_clipping": 0`` (De
 default clips at 1.0; the reference does not clip), and ``torch.compile`` off in the processes
 that import it (DeepSpeed's Muon is compiled, which on CPU builds C++ kernels on every new
 shape; eager runs the same functions, so the compiled kernels are not what the gates judge).
+At ZeRO 1–2 it links the optimizer state into the parameters' fragments again before it reads
+it, with DeepSpeed's own method: otherwise a Muon model's AdamW state cannot be read
+(``examples/findings/deepspeed_muon_adamw_state_unreadable.py``).
 """
 
 from __future__ import annotations
