@@ -48,6 +48,17 @@ def test_rank_that_raises_is_reported_and_peers_are_not_left_waiting(pool):
     assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
 
 
+def test_a_closed_pool_leaves_nothing_in_the_temp_directory_even_after_a_rank_died_mid_checkpoint():
+    with RankPool(2, case_timeout_s=30, pg_timeout_s=10) as p:
+        logs = Path(p._logdir)
+        assert p.run(tasks.sum_of_ranks).ok
+        saved = p.run(tasks.checkpoint_then_die, 1)
+        assert saved.failure is not None and saved.failure.rank == 1
+        survivor = p.run(tasks.checkpoint_then_die, 2).results[0]
+        assert Path(survivor).parent == logs and Path(survivor).exists()
+    assert not logs.exists()
+
+
 def test_hanging_rank_is_detected_within_the_deadline_and_the_next_case_passes(pool):
     spawns = pool.spawns
     start = time.monotonic()

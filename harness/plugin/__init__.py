@@ -448,7 +448,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     finally:
         if progress is not None:
             progress.stop()
-        pool.shutdown()
+        pool.close()
         stream.close()
 
 

@@ -22,16 +22,16 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.ranks import RankContext
+from harness.ranks.pool import SCRATCH
 
 
 def checkpoint_dir(ctx: RankContext) -> str:
     """One directory for the whole case, named by rank 0: ranks of different torchrun nodes
-    have different parents. Across hosts it must be shared storage (MUONGATE_CHECKPOINT_DIR)."""
-    chosen = [
-        os.path.join(
-            os.environ.get("MUONGATE_CHECKPOINT_DIR", tempfile.gettempdir()), f"muongate-ckpt-{uuid.uuid4().hex}"
-        )
-    ]
+    have different parents. Across hosts it must be shared storage (MUONGATE_CHECKPOINT_DIR).
+    Otherwise it lies in the pool's scratch, which goes with the pool even where a failing rank
+    never reached ``remove_checkpoint``."""
+    parent = os.environ.get("MUONGATE_CHECKPOINT_DIR") or os.environ.get(SCRATCH) or tempfile.gettempdir()
+    chosen = [os.path.join(parent, f"muongate-ckpt-{uuid.uuid4().hex}")]
     dist.broadcast_object_list(chosen, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
     return chosen[0]
 

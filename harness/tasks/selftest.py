@@ -46,6 +46,19 @@ def die_on_rank(ctx: RankContext, payload: int) -> int:
     return ctx.rank
 
 
+def checkpoint_then_die(ctx: RankContext, payload: int) -> str:
+    """Writes a case checkpoint's directory (``checkpoint_dir``), then rank ``payload`` dies
+    before anyone removes it. Returns the directory."""
+    from harness.tasks.checkpoint import checkpoint_dir
+
+    path = checkpoint_dir(ctx)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, f"{ctx.rank}.distcp"), "w") as f:
+        f.write("saved")
+    die_on_rank(ctx, payload)
+    return path
+
+
 def pid(ctx: RankContext, payload: Any) -> int:
     return os.getpid()
 
