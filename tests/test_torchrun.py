@@ -61,7 +61,8 @@ def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) 
     ]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     for node, output in zip(nodes, outputs, strict=True):
-        assert node.returncode == 0, output[-4000:]
+        # pytest's errors come first and torchrun's traceback last: show both
+        assert node.returncode == 0, output[:4000] + "\n…\n" + output[-2000:]
     edge_cases = len(EDGE_CASES)  # every one runs with 4 ranks, the HSDP ones included
     # and the checkpoint gate: one DCP directory shared by the ranks of both nodes
     assert any(f"{edge_cases + 1} passed" in out and "muongate report" in out for out in outputs), outputs[0][-2000:]

@@ -404,7 +404,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     writes_report = not torchrun or int(os.environ["RANK"]) == 0
     stream = ResultStream(os.path.join(directory, name) if writes_report else None)
     timeout = config.getoption("case_timeout")
-    pool: Any
+    pool: RankPool | LauncherGroup
     if torchrun:
         pool = LauncherGroup(backend=backend, device=devices[0], timeout_s=timeout)
     else:

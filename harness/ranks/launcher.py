@@ -79,7 +79,8 @@ class LauncherGroup:
         results = [v if s == "ok" else None for s, v in gathered]
         return CaseOutcome(results, failure, time.monotonic() - start)
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
+        """Ends the session's process group, once every rank is done (the pool's ``close``)."""
         import torch.distributed as dist
 
         if dist.is_initialized():
