@@ -45,8 +45,11 @@ import torch
 from torch import Tensor
 
 import reference
+import reference.muon as reference_muon
+from harness.cases import case as case_module
 from harness.cases.case import Case, optimizer_settings
 from harness.compare import Tier
+from harness.kept import kept
 from reports.records import Comparison
 
 CAUSES: dict[str, str] = {
@@ -190,16 +193,16 @@ def _bugs(group: dict[str, Any], family: str) -> list[str]:
 CauseTiers = dict[tuple[str, int], Tier]
 
 
-@functools.cache
-def cause_tiers(
-    causes: frozenset[str], settings: tuple[tuple[str, Any], ...], dtype: str, family: str, device: str = "cpu"
-) -> CauseTiers:
-    """The tiers for ``causes`` at one setting (the group's ``settings``, the parameter's
-    ``dtype``, the shape ``family``), measured now on ``device`` between correct and wrong
-    variants, one for each tensor of ``KINDS`` after each of ``STEPS`` steps."""
-    unknown = sorted(causes - CAUSES.keys())
-    if unknown:
-        raise ValueError(f"unknown causes {unknown}; known: {sorted(CAUSES)}")
+def _at(kind: str, step: int) -> str:
+    return f"{kind} {step}"
+
+
+@kept(reference_muon, case_module)
+def _variant_errors(
+    causes: tuple[str, ...], settings: tuple[tuple[str, Any], ...], dtype: str, family: str, device: str
+) -> dict[str, dict[str, float]]:
+    """``cause_tiers``'s measurement: for each tensor and step (``_at``), the worst relative
+    error of the correct variants (``"correct"``) and the least of each wrong one (by bug)."""
     group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
     gen = torch.Generator().manual_seed(0)
     where = [(kind, step) for step in range(STEPS) for kind in KINDS]
@@ -211,14 +214,36 @@ def cause_tiers(
         p = torch.randn(shape, generator=gen).to(device, getattr(torch, dtype))
         grads = [torch.randn(shape, generator=gen).to(device) for _ in range(STEPS)]
         expected = trajectory(p, grads, group, frozenset())
-        for step, tensors in enumerate(trajectory(p, grads, group, causes)):
+        for step, tensors in enumerate(trajectory(p, grads, group, frozenset(causes))):
             for kind in KINDS:
                 correct[(kind, step)] = max(correct[(kind, step)], _rel_fro(tensors[kind], expected[step][kind]))
         for bug in bugs:
-            for step, tensors in enumerate(trajectory(p, grads, group, causes, bug)):
+            for step, tensors in enumerate(trajectory(p, grads, group, frozenset(causes), bug)):
                 for kind in KINDS:
                     error = _rel_fro(tensors[kind], expected[step][kind])
                     wrong[bug][(kind, step)] = min(wrong[bug][(kind, step)], error)
+    errors = {"correct": correct, **wrong}
+    return {name: {_at(*k): e for k, e in measured.items()} for name, measured in errors.items()}
+
+
+@functools.cache
+def cause_tiers(
+    causes: frozenset[str], settings: tuple[tuple[str, Any], ...], dtype: str, family: str, device: str = "cpu"
+) -> CauseTiers:
+    """The tiers for ``causes`` at one setting (the group's ``settings``, the parameter's
+    ``dtype``, the shape ``family``), measured on ``device`` between correct and wrong
+    variants, one for each tensor of ``KINDS`` after each of ``STEPS`` steps. The measurement
+    is kept between sessions (``harness.kept``): the same code, torch and device measure the
+    same figures."""
+    unknown = sorted(causes - CAUSES.keys())
+    if unknown:
+        raise ValueError(f"unknown causes {unknown}; known: {sorted(CAUSES)}")
+    group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
+    where = [(kind, step) for step in range(STEPS) for kind in KINDS]
+    errors = _variant_errors(tuple(sorted(causes)), settings, dtype, family, device)
+    correct = {k: errors["correct"][_at(*k)] for k in where}
+    bugs = _bugs(group, family)
+    wrong = {bug: {k: errors[bug][_at(*k)] for k in where} for bug in bugs}
     ns = str(group["ns_dtype"]).removeprefix("torch.")
     setting = f"{'+'.join(sorted(causes))}, nesterov {group['nesterov']}, {dtype}, ns {ns}, {family}"
     bound = {k: MARGIN * max(correct[k], FLOOR) for k in where}
@@ -246,7 +271,31 @@ BEYOND = 10.0
 REACH_SAMPLES = 16
 
 
-@functools.cache
+@kept(reference_muon, case_module)
+def _reach(
+    causes: tuple[str, ...],
+    settings: tuple[tuple[str, Any], ...],
+    dtype: str,
+    family: str,
+    steps: int,
+    grad_scale: float,
+    device: str,
+) -> dict[str, float]:
+    group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
+    gen = torch.Generator().manual_seed(0)
+    reach = {(kind, step): 0.0 for step in range(steps) for kind in KINDS}
+    kind_of = getattr(torch, dtype)
+    for _ in range(REACH_SAMPLES):
+        shape = _shape(family, gen)
+        p = torch.randn(shape, generator=gen).to(device, kind_of)
+        grads = [(torch.randn(shape, generator=gen) * grad_scale).to(device, kind_of) for _ in range(steps)]
+        expected = trajectory(p, grads, group, frozenset())
+        for step, tensors in enumerate(trajectory(p, grads, group, frozenset(causes))):
+            for kind in KINDS:
+                reach[(kind, step)] = max(reach[(kind, step)], _rel_fro(tensors[kind], expected[step][kind]))
+    return {_at(*k): e for k, e in reach.items()}
+
+
 def correct_reach(
     causes: frozenset[str],
     settings: tuple[tuple[str, Any], ...],
@@ -260,20 +309,10 @@ def correct_reach(
     reference at exactly these settings (lr, weight decay and momentum included), over ``steps``
     steps: for each tensor of ``KINDS`` after each step, the largest relative Frobenius error on
     ``REACH_SAMPLES`` random matrices of the family, drawn as the cases draw theirs (the weight
-    and its gradients, ``grad_scale`` times a normal one, in the parameter's dtype)."""
-    group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
-    gen = torch.Generator().manual_seed(0)
-    reach = {(kind, step): 0.0 for step in range(steps) for kind in KINDS}
-    kind_of = getattr(torch, dtype)
-    for _ in range(REACH_SAMPLES):
-        shape = _shape(family, gen)
-        p = torch.randn(shape, generator=gen).to(device, kind_of)
-        grads = [(torch.randn(shape, generator=gen) * grad_scale).to(device, kind_of) for _ in range(steps)]
-        expected = trajectory(p, grads, group, frozenset())
-        for step, tensors in enumerate(trajectory(p, grads, group, causes)):
-            for kind in KINDS:
-                reach[(kind, step)] = max(reach[(kind, step)], _rel_fro(tensors[kind], expected[step][kind]))
-    return reach
+    and its gradients, ``grad_scale`` times a normal one, in the parameter's dtype). Kept
+    between sessions, as ``cause_tiers``'s measurement is."""
+    reach = _reach(tuple(sorted(causes)), settings, dtype, family, steps, grad_scale, device)
+    return {(kind, step): reach[_at(kind, step)] for step in range(steps) for kind in KINDS}
 
 
 def beyond_causes(causes: frozenset[str], case: Case, comparisons: Iterable[Comparison], device: str) -> list[str]:
