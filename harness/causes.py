@@ -197,33 +197,57 @@ def _at(kind: str, step: int) -> str:
     return f"{kind} {step}"
 
 
-@kept(reference_muon, case_module)
-def _variant_errors(
-    causes: tuple[str, ...], settings: tuple[tuple[str, Any], ...], dtype: str, family: str, device: str
+def _errors(
+    causes: frozenset[str],
+    group: dict[str, Any],
+    dtype: str,
+    family: str,
+    device: str,
+    *,
+    samples: int,
+    steps: int,
+    bugs: list[str],
+    grad_scale: float = 1.0,
+    grad_dtype: str = "float32",
 ) -> dict[str, dict[str, float]]:
-    """``cause_tiers``'s measurement: for each tensor and step (``_at``), the worst relative
-    error of the correct variants (``"correct"``) and the least of each wrong one (by bug)."""
-    group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
+    """On ``samples`` random matrices of ``family`` (in ``dtype``, each with ``steps`` gradients,
+    ``grad_scale`` times a normal one, in ``grad_dtype``), for each tensor and step (``_at``):
+    the worst relative error of the correct variants (``"correct"``) and the least of each
+    wrong one (by bug), against the reference."""
     gen = torch.Generator().manual_seed(0)
-    where = [(kind, step) for step in range(STEPS) for kind in KINDS]
+    where = [(kind, step) for step in range(steps) for kind in KINDS]
     correct = dict.fromkeys(where, 0.0)
-    bugs = _bugs(group, family)
     wrong = {bug: dict.fromkeys(where, math.inf) for bug in bugs}
-    for _ in range(SAMPLES):
+    for _ in range(samples):
         shape = _shape(family, gen)
         p = torch.randn(shape, generator=gen).to(device, getattr(torch, dtype))
-        grads = [torch.randn(shape, generator=gen).to(device) for _ in range(STEPS)]
+        grads = [
+            (torch.randn(shape, generator=gen) * grad_scale).to(device, getattr(torch, grad_dtype))
+            for _ in range(steps)
+        ]
         expected = trajectory(p, grads, group, frozenset())
-        for step, tensors in enumerate(trajectory(p, grads, group, frozenset(causes))):
+        for step, tensors in enumerate(trajectory(p, grads, group, causes)):
             for kind in KINDS:
                 correct[(kind, step)] = max(correct[(kind, step)], _rel_fro(tensors[kind], expected[step][kind]))
         for bug in bugs:
-            for step, tensors in enumerate(trajectory(p, grads, group, frozenset(causes), bug)):
+            for step, tensors in enumerate(trajectory(p, grads, group, causes, bug)):
                 for kind in KINDS:
                     error = _rel_fro(tensors[kind], expected[step][kind])
                     wrong[bug][(kind, step)] = min(wrong[bug][(kind, step)], error)
     errors = {"correct": correct, **wrong}
     return {name: {_at(*k): e for k, e in measured.items()} for name, measured in errors.items()}
+
+
+@kept(reference_muon, case_module)
+def _variant_errors(
+    causes: tuple[str, ...], settings: tuple[tuple[str, Any], ...], dtype: str, family: str, device: str
+) -> dict[str, dict[str, float]]:
+    """``cause_tiers``'s measurement: ``_errors`` on ``SAMPLES`` matrices over ``STEPS`` steps,
+    with the setting's wrong variants."""
+    group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
+    return _errors(
+        frozenset(causes), group, dtype, family, device, samples=SAMPLES, steps=STEPS, bugs=_bugs(group, family)
+    )
 
 
 @functools.cache
@@ -282,18 +306,11 @@ def _reach(
     device: str,
 ) -> dict[str, float]:
     group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
-    gen = torch.Generator().manual_seed(0)
-    reach = {(kind, step): 0.0 for step in range(steps) for kind in KINDS}
-    kind_of = getattr(torch, dtype)
-    for _ in range(REACH_SAMPLES):
-        shape = _shape(family, gen)
-        p = torch.randn(shape, generator=gen).to(device, kind_of)
-        grads = [(torch.randn(shape, generator=gen) * grad_scale).to(device, kind_of) for _ in range(steps)]
-        expected = trajectory(p, grads, group, frozenset())
-        for step, tensors in enumerate(trajectory(p, grads, group, frozenset(causes))):
-            for kind in KINDS:
-                reach[(kind, step)] = max(reach[(kind, step)], _rel_fro(tensors[kind], expected[step][kind]))
-    return {_at(*k): e for k, e in reach.items()}
+    errors = _errors(
+        frozenset(causes), group, dtype, family, device,
+        samples=REACH_SAMPLES, steps=steps, bugs=[], grad_scale=grad_scale, grad_dtype=dtype,
+    )  # fmt: skip
+    return errors["correct"]
 
 
 def correct_reach(

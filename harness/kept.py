@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -62,8 +63,6 @@ def kept(*modules: ModuleType) -> Callable[[F], F]:
     sources of ``modules`` and the function's own module are part of the key."""
 
     def wrap(fn: F) -> F:
-        import sys
-
         import torch
 
         sources = hashlib.sha256()

@@ -109,13 +109,13 @@ class _WorkerSpec:
     threads: int = 1
 
 
+#: the environment variable naming a pool's scratch directory to its ranks, removed with the pool
+SCRATCH = "MUONGATE_POOL_SCRATCH"
+
 #: Stacks are read ``sample_after_s`` into a case, then after gaps that double from that up
 #: to this, back to ``sample_after_s`` while every rank sits in a collective: a deadlock is
 #: seen within a few tenths of a second, a long healthy case (training) is read a few times
 #: a second at most.
-#: the environment variable naming a pool's scratch directory to its ranks, removed with the pool
-SCRATCH = "MUONGATE_POOL_SCRATCH"
-
 _MAX_SAMPLE_GAP_S = 0.5
 
 #: How long, after a rank raised under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the pool waits for
