@@ -83,6 +83,10 @@ def _run(pytest_args: list[str], scratch: Path) -> dict[str, Any]:
     data = json.loads(times.read_text())
     marks, durations = data["marks"], data["durations"]
     wall = exited - launched
+    busy, idle = after[0] - before[0], after[1] - before[1]
+    result = {"wall": wall, "busy": busy / max(1, busy + idle), "calls": data["calls"]}
+    if "collected" not in marks:  # pytest-xdist: the workers collect and run, each on its own clock
+        return {**result, "phases": {"the whole run (pytest-xdist's workers overlap)": wall}}
     phases = {
         "start-up (python, imports, plug-ins)": marks["configured"] - launched,
         "collection": marks["collected"] - marks["configured"],
@@ -92,8 +96,7 @@ def _run(pytest_args: list[str], scratch: Path) -> dict[str, Any]:
         "exit (after pytest_unconfigure)": exited - marks["unconfigured"],
     }
     phases["the rest (pytest between tests, session finish)"] = wall - sum(phases.values())
-    busy, idle = after[0] - before[0], after[1] - before[1]
-    return {"wall": wall, "phases": phases, "busy": busy / max(1, busy + idle), "calls": data["calls"]}
+    return {**result, "phases": phases}
 
 
 def _busy_idle() -> tuple[int, int]:

@@ -7,6 +7,7 @@ one step, default settings.
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -58,11 +59,14 @@ def matrix_shapes(
     return st.one_of(matrices, stacks)
 
 
+@functools.cache
 def settings_of(algorithm: Algorithm | None = None, *, conventions: bool = True) -> st.SearchStrategy[Settings]:
     """The hyperparameters (and, with ``conventions``, the convention settings) a reference
     declares in its ``SPACE`` and ``CONVENTIONS`` (``harness.algorithms``; ``None``: ``reference.Muon``).
 
-    Shrinks towards the defaults (each setting's first value)."""
+    Shrinks towards the defaults (each setting's first value). One strategy per reference,
+    built once: strategies drawn inside a composite's draw may call this on every draw, and
+    a new strategy is validated again each time."""
     from harness.algorithms import MUON
 
     algorithm = algorithm or MUON
@@ -158,6 +162,12 @@ def cases(
             grad_scale=draw(_GRAD_SCALES),
         )
 
+    # The first parameter has a gradient (and, for a hybrid reference, takes Muon); the others
+    # are a list, so that shrinking can drop any of them, not only the last. Per count of shards.
+    firsts = {w: param_drawn(w, first=True) for w in main_shapes}
+    others = {w: st.lists(param_drawn(w, first=False), max_size=max_params - 1) for w in main_shapes}
+    checkpoints = {steps: st.integers(1, steps - 1) for steps in range(2, max_steps + 1)}
+
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
         world = draw(worlds)
@@ -165,11 +175,7 @@ def cases(
         if hsdp and world >= 4 and world % 2 == 0 and draw(st.booleans()):
             mesh = (2, world // 2)
         shards = mesh[-1]
-        # The first parameter has a gradient (and, for a hybrid reference, takes Muon); the others
-        # are a list, so that shrinking can drop any of them, not only the last.
-        first = draw(param_drawn(shards, first=True))
-        others = draw(st.lists(param_drawn(shards, first=False), max_size=max_params - 1))
-        params = [p._replace(name=f"w{i}") for i, p in enumerate([first, *others])]
+        params = [p._replace(name=f"w{i}") for i, p in enumerate([draw(firsts[shards]), *draw(others[shards])])]
         steps = draw(steps_drawn)
         return Case(
             params=tuple(params),
@@ -179,7 +185,7 @@ def cases(
             steps=steps,
             mode=draw(_MODES) if algorithm.orthogonalizes else None,
             settings=draw(settings_drawn),
-            checkpoint_after=draw(st.integers(1, steps - 1)) if checkpoint and steps > 1 else None,
+            checkpoint_after=draw(checkpoints[steps]) if checkpoint and steps > 1 else None,
             reference=algorithm.in_case,
         )
 
@@ -268,6 +274,11 @@ def _layouts(world: int) -> list[tuple[int, int, tuple[int, ...]]]:
     return options
 
 
+def _split(tp: int, mesh: tuple[int, ...]) -> int:
+    """How many pieces a layout cuts a matrix into: its TP degree, else its last mesh dim's ranks."""
+    return mesh[-1] if tp == 1 else tp
+
+
 def _buildable(shape: tuple[int, ...], style: Style, tp: int, world: int) -> tuple[int, ...]:
     """``shape``, widened where FSDP2 over TP would leave a row-wise piece with no columns: it
     gives that piece a [0, 0] local tensor DTensor cannot gather, a torch finding
@@ -309,22 +320,33 @@ def layout_cases(
             family = Case(params=(), world_size=w, mesh=mesh, tp=tp, ep=ep).layout
             families.setdefault(family, []).append((w, tp, ep, mesh))
 
+    family_drawn = st.sampled_from(list(families))
+    layouts_drawn = {family: st.sampled_from(options) for family, options in families.items()}
+    # shapes by the count a matrix is split into and whether experts are stacked
+    shapes: dict[tuple[int, bool], st.SearchStrategy[tuple[int, ...]]] = {}
+    for options in families.values():
+        for _, tp, ep, mesh in options:
+            split = _split(tp, mesh)
+            shapes[split, ep > 1] = matrix_shapes(max_side=24, world_size=split, experts=ep > 1)
+    count_drawn, steps_drawn = st.integers(1, max_params), st.integers(1, max_steps)
+    dtype_drawn: st.SearchStrategy[DType] = st.sampled_from(["float32", "bfloat16"])
+
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
-        world, tp, ep, mesh = draw(st.sampled_from(families[draw(st.sampled_from(list(families)))]))
-        shapes = matrix_shapes(max_side=24, world_size=mesh[-1] if tp == 1 else tp, experts=ep > 1)
+        world, tp, ep, mesh = draw(layouts_drawn[draw(family_drawn)])
+        shapes_drawn = shapes[_split(tp, mesh), ep > 1]
         params = []
-        for i in range(draw(st.integers(1, max_params))):
-            shape, style = draw(shapes), draw(_STYLES)
+        for i in range(draw(count_drawn)):
+            shape, style = draw(shapes_drawn), draw(_STYLES)
             shape = _buildable(shape, style, tp, world)
-            dtype: DType = draw(st.sampled_from(["float32", "bfloat16"]))
+            dtype = draw(dtype_drawn)
             params.append(ParamSpec(f"w{i}", shape, dtype, grad=draw(_GRAD_KINDS) if i else "normal", style=style))
         return Case(
             params=tuple(params),
             seed=draw(_SEEDS),
             world_size=world,
             mesh=mesh,
-            steps=draw(st.integers(1, max_steps)),
+            steps=draw(steps_drawn),
             mode=draw(_MODES) if algorithm.orthogonalizes else None,
             settings=draw(settings_drawn),
             tp=tp,
@@ -344,22 +366,28 @@ def reshard_cases(
     if max_world < 2:
         raise ValueError(f"max_world={max_world}: resharding needs at least 2 ranks")
 
+    world_drawn, steps_drawn = st.integers(1, max_world), st.integers(2, max_steps)
+    # each world size's layouts, but expert parallelism
+    layouts_drawn = {w: st.sampled_from([o for o in _layouts(w) if o[1] == 1]) for w in range(1, max_world + 1)}
+    base_drawn = layout_cases(max_world=1, min_world=1, max_params=max_params, max_steps=1, algorithm=algorithm)
+    saved_after = {steps: st.integers(1, steps - 1) for steps in range(2, max_steps + 1)}
+
     @st.composite
     def draw_case(draw: st.DrawFn) -> ReshardCase:
-        worlds = (draw(st.integers(1, max_world)), draw(st.integers(1, max_world)))
+        worlds = (draw(world_drawn), draw(world_drawn))
         sides = []
         for w in worlds:
-            tp, _, mesh = draw(st.sampled_from([o for o in _layouts(w) if o[1] == 1]))  # no expert parallelism
+            tp, _, mesh = draw(layouts_drawn[w])
             sides.append((w, tp, mesh))
         if sides[0] == sides[1]:
             sides[1] = (2, 1, (2,)) if sides[0] != (2, 1, (2,)) else (1, 1, (1,))
-        steps = draw(st.integers(2, max_steps))
-        base = draw(layout_cases(max_world=1, min_world=1, max_params=max_params, max_steps=1, algorithm=algorithm))
+        steps = draw(steps_drawn)
+        base = draw(base_drawn)
         params = tuple(p._replace(shape=p.shape[-2:], style=draw(_STYLES)) for p in base.params)
         for w, tp, _ in sides:
             params = tuple(p._replace(shape=_buildable(p.shape, p.style, tp, w)) for p in params)
         case = replace(base, params=params, steps=steps)
         before, after = (replace(case, world_size=w, mesh=m, tp=tp) for w, tp, m in sides)
-        return ReshardCase(before, after, draw(st.integers(1, steps - 1)))
+        return ReshardCase(before, after, draw(saved_after[steps]))
 
     return draw_case()
