@@ -321,11 +321,11 @@ def layout_cases(
             families.setdefault(family, []).append((w, tp, ep, mesh))
 
     family_drawn = st.sampled_from(list(families))
-    layouts_drawn = {family: st.sampled_from(options) for family, options in families.items()}
+    layouts_drawn = {family: st.sampled_from(worlds) for family, worlds in families.items()}
     # shapes by the count a matrix is split into and whether experts are stacked
     shapes: dict[tuple[int, bool], st.SearchStrategy[tuple[int, ...]]] = {}
-    for options in families.values():
-        for _, tp, ep, mesh in options:
+    for worlds in families.values():
+        for _, tp, ep, mesh in worlds:
             split = _split(tp, mesh)
             shapes[split, ep > 1] = matrix_shapes(max_side=24, world_size=split, experts=ep > 1)
     count_drawn, steps_drawn = st.integers(1, max_params), st.integers(1, max_steps)
