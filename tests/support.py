@@ -3,19 +3,79 @@ those programs reach it."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from zygote import Zygote
 
 #: this checkout: the programs a test starts import muongate from here
 REPO = Path(__file__).resolve().parents[1]
 
 #: what a test that needs DeepSpeed says where it is not installed
 ENGINES = "the engines extra, without a torch of its own: pip install --no-deps -r examples/engines-no-deps.txt"
+
+
+def run_python(
+    *args: str | Path,
+    cwd: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS…`` (``-m MODULE …`` or a script), its output captured as text, as
+    ``subprocess.run`` would run it; forked from this worker's zygote (``tests/zygote.py``)
+    unless ``fresh``, unless ``env`` differs where a preloaded module looks, and unless
+    ``MUONGATE_TESTS_FRESH=1`` starts every program afresh."""
+    argv = [str(a) for a in args]
+    env = dict(os.environ if env is None else env)
+    cwd = str(cwd if cwd is not None else os.getcwd())
+    if not fresh and os.environ.get("MUONGATE_TESTS_FRESH") != "1":
+        server = zygote()
+        if server.takes(env):
+            return server.run(argv, cwd, env, timeout)
+    # A session of its own, so that a timeout kills all the program started, as the zygote's does.
+    with subprocess.Popen(
+        [sys.executable, *argv], cwd=cwd, env=env, text=True, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float) -> pytest.RunResult:
+    """``pytester.runpytest_subprocess(*args)`` through ``run_python``: a pytest session of its
+    own, in pytester's directory and environment, with a base temporary directory of its own."""
+    basetemp = pytester.path / f"runpytest-{len(list(pytester.path.glob('runpytest-*')))}"
+    start = time.monotonic()
+    run = run_python("-m", "pytest", f"--basetemp={basetemp}", *args, cwd=pytester.path, timeout=timeout)
+    return pytest.RunResult(run.returncode, run.stdout.splitlines(), run.stderr.splitlines(), time.monotonic() - start)
+
+
+#: this process's environment before any test changed it: the zygote's
+_ENV = dict(os.environ)
+
+
+@functools.cache
+def zygote() -> Zygote:
+    """This process's zygote, started at its first use (in the environment this process started
+    with, whatever the test that first uses it has set) and stopped when this process exits."""
+    server = Zygote(_ENV)
+    atexit.register(server.close)
+    return server
 
 
 def pythonpath(*first: Path | str) -> str:

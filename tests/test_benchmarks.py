@@ -3,11 +3,8 @@ benchmark end to end on two gloo ranks."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from support import REPO, repo_env
+from support import REPO, repo_env, run_python
 
 from benchmarks.optimizer_step import STEP_LABEL
 from benchmarks.trace_summary import summarize
@@ -49,9 +46,9 @@ def test_trace_summary_refuses_a_trace_without_device_kernels() -> None:
 
 @pytest.mark.slow
 def test_optimizer_step_benchmark_runs_on_two_gloo_ranks_and_is_bitwise() -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += ["-m", "benchmarks.optimizer_step", "--layers", "1", "--scale", "128", "--warmup", "0", "--iters", "1"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    step = ["-m", "benchmarks.optimizer_step", "--layers", "1", "--scale", "128", "--warmup", "0", "--iters", "1"]
+    done = run_python(*torchrun, *step, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {
         line.split("  ")[0]: line for line in done.stdout.splitlines() if line.startswith(("reference", "ShardedMuon"))
@@ -62,10 +59,9 @@ def test_optimizer_step_benchmark_runs_on_two_gloo_ranks_and_is_bitwise() -> Non
 
 @pytest.mark.slow
 def test_main_job_benchmark_names_each_phase_of_a_gate_session_and_how_busy_the_cores_were() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.main_job", "--runs", "1", "--", "-k", "uneven-7x5"],
-        capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env=repo_env(),
-    )  # fmt: skip
+    run = run_python(
+        "-m", "benchmarks.main_job", "--runs", "1", "--", "-k", "uneven-7x5", timeout=300, cwd=REPO, env=repo_env()
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     for phase in ("start-up", "collection", "the gates (test calls", "the report", "the rest"):
         assert f"  {phase}" in run.stdout, run.stdout

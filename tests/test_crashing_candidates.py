@@ -9,6 +9,7 @@ again. How long whole runs on such candidates take is measured by
 from __future__ import annotations
 
 import pytest
+from support import run_pytest
 
 RAISING = """
 from distributed_impl import ShardedMuon
@@ -88,7 +89,7 @@ def test_each_crash_is_named_for_what_it_is_and_a_slow_rank_is_not_a_hang(
 ) -> None:
     other_project.makeconftest('pytest_plugins = ["harness.plugin"]')
     other_project.makepyfile(raising=RAISING, test_crashes=GATES)
-    result = other_project.runpytest_subprocess("test_crashes.py", "--nproc", "2", "-p", "no:randomly", timeout=300)
+    result = run_pytest(other_project, "test_crashes.py", "--nproc", "2", "-p", "no:randomly", timeout=300)
     result.assert_outcomes(passed=2, failed=6)
     result.stdout.fnmatch_lines_random(
         [

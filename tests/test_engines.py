@@ -10,13 +10,12 @@ import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
-from support import ENGINES, repo_env
+from support import ENGINES, repo_env, run_python
 
 from harness.engines import Engine, LoadedEngine
 from harness.engines.case import engine_cases
@@ -68,19 +67,19 @@ def test_engine_with_impl_or_a_bad_engine_spec_is_a_usage_error(tmp_path: Path) 
         (["--engine", DEEPSPEED, "--impl", "gates.examples.gathered_muon:gathered_muon"], "--engine with --impl"),
         (["--engine", "gates.examples.gathered_muon:gathered_muon"], "declares no harness.engines.Engine"),
     ):
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "--pyargs", "gates.test_engine_gates", "-q", "-p", "no:cacheprovider", *args],
-            cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=300,
+        run = run_python(
+            "-m", "pytest", "--pyargs", "gates.test_engine_gates", "-q", "-p", "no:cacheprovider", *args,
+            cwd=tmp_path, env=repo_env(), timeout=300,
         )  # fmt: skip
         assert run.returncode == 4 and said in run.stderr, run.stderr[-2000:]
 
 
 def _engine_session(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "gates.test_engine_gates", "-m", "gate", "--nproc", "2", "-q",
-         "-p", "no:cacheprovider", "-p", "no:randomly", "--hypothesis-profile", "dev", "--hypothesis-seed", "0",
-         "--gate-report", str(tmp_path / "report"), *args],
-        cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=900,
+    return run_python(
+        "-m", "pytest", "--pyargs", "gates.test_engine_gates", "-m", "gate", "--nproc", "2", "-q",
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--hypothesis-profile", "dev", "--hypothesis-seed", "0",
+        "--gate-report", str(tmp_path / "report"), *args,
+        cwd=tmp_path, env=repo_env(), timeout=900,
     )  # fmt: skip
 
 
@@ -97,16 +96,16 @@ def test_the_flat_engine_passes_every_engine_gate_and_each_planted_engine_bug_is
 
 @pytest.mark.slow
 def test_a_session_without_engine_runs_no_engine_gate_and_one_with_it_no_other_gate(tmp_path: Path) -> None:
-    without = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "gates.test_engine_gates", "gates.test_reshard_gates", "--co",
-         "-q", "-p", "no:cacheprovider", "--nproc", "2"],
-        cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=300,
+    without = run_python(
+        "-m", "pytest", "--pyargs", "gates.test_engine_gates", "gates.test_reshard_gates", "--co",
+        "-q", "-p", "no:cacheprovider", "--nproc", "2",
+        cwd=tmp_path, env=repo_env(), timeout=300,
     )  # fmt: skip
     assert "test_engine_" not in without.stdout and "test_checkpoint_resharded" in without.stdout, without.stdout
-    with_engine = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "gates.test_engine_gates", "gates.test_reshard_gates", "--co",
-         "-q", "-p", "no:cacheprovider", "--nproc", "2", "--engine", "gates.examples.flat_engine:flat_engine"],
-        cwd=tmp_path, env=repo_env(), capture_output=True, text=True, timeout=300,
+    with_engine = run_python(
+        "-m", "pytest", "--pyargs", "gates.test_engine_gates", "gates.test_reshard_gates", "--co",
+        "-q", "-p", "no:cacheprovider", "--nproc", "2", "--engine", "gates.examples.flat_engine:flat_engine",
+        cwd=tmp_path, env=repo_env(), timeout=300,
     )  # fmt: skip
     assert "test_engine_steps_like" in with_engine.stdout, with_engine.stdout
     assert "test_checkpoint_resharded" not in with_engine.stdout, with_engine.stdout

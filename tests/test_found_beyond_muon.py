@@ -7,11 +7,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import ENGINES
+from support import ENGINES, run_python
 
 FINDINGS = Path(__file__).resolve().parents[1] / "examples" / "findings"
 LOWBIT = "the lowbit extra, without a torch of its own: pip install --no-deps torchao==0.18.0 bitsandbytes==0.50.2"
@@ -25,8 +24,7 @@ def _needs_deepspeed() -> None:
 def _run(script: str, *args: str, nproc: int = 0) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": ""}  # the package and torch, never muongate
     launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc else []
-    command = [sys.executable, *launch, str(FINDINGS / script), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+    return run_python(*launch, FINDINGS / script, *args, env=env, timeout=300)
 
 
 def test_torch_adam_l2_decay_gives_a_bf16_shard_other_bits() -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import REPO, repo_env
+from support import REPO, repo_env, run_python
 
 from distributed_impl import ShardedMuon
 
@@ -39,10 +39,10 @@ DEV = ("--hypothesis-profile", "dev", "--hypothesis-seed", "0")
 
 def _run(tmp_path: Path, *args: str, profile: tuple[str, ...] = DEV) -> subprocess.CompletedProcess[str]:
     env = repo_env(tmp_path)
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "gates", "-m", "gate", "--nproc", "2", "-q",
-         "-p", "no:cacheprovider", "--gate-report", str(tmp_path / "report"), *profile, *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    return run_python(
+        "-m", "pytest", "--pyargs", "gates", "-m", "gate", "--nproc", "2", "-q",
+        "-p", "no:cacheprovider", "--gate-report", str(tmp_path / "report"), *profile, *args,
+        cwd=tmp_path, env=env, timeout=900,
     )  # fmt: skip
 
 

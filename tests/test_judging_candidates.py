@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import run_pytest
 
 from harness.candidates import Impl, UnsupportedConvention
 from harness.cases import Case, ParamSpec
@@ -59,8 +60,8 @@ DEV = ("--hypothesis-profile", "dev", "--hypothesis-seed", "0")
 def _gates(other_project: pytest.Pytester, *args: str, profile: tuple[str, ...] = DEV) -> pytest.RunResult:
     """muongate's own gates from a directory that is not the repository, as another team runs them;
     by default 20 cases a gate, drawn from a fixed seed (``profile``)."""
-    return other_project.runpytest_subprocess(
-        "-p", "harness.plugin", "--pyargs", *args, "--nproc", "2", "-p", "no:randomly", "--gate-report", "report",
+    return run_pytest(
+        other_project, "-p", "harness.plugin", "--pyargs", *args, "--nproc", "2", "-p", "no:randomly", "--gate-report", "report",
         *profile, timeout=900,
     )  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import run_pytest
 
 SPECTRUM = "kernel_spectrum and 64x64"
 
@@ -18,9 +19,9 @@ def project(other_project: pytest.Pytester) -> pytest.Pytester:
 
 def _run(project: pytest.Pytester, *args: str) -> pytest.RunResult:
     # 20 cases a gate from a fixed seed: the claims are about the plug-in and the baseline, not how many
-    return project.runpytest_subprocess(
-        "--pyargs", "gates.test_kernel_gates", "-m", "gate", "-p", "no:randomly",
-        "--hypothesis-profile", "dev", "--hypothesis-seed", "0", *args,
+    return run_pytest(
+        project, "--pyargs", "gates.test_kernel_gates", "-m", "gate", "-p", "no:randomly",
+        "--hypothesis-profile", "dev", "--hypothesis-seed", "0", *args, timeout=900,
     )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from support import REPO
+from support import REPO, run_pytest, run_python
 
 from harness.candidates import Impl
 from harness.cases import Case, ParamSpec
@@ -100,8 +100,8 @@ def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing
 def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_four_ranks(
     other_project: pytest.Pytester,
 ) -> None:
-    result = other_project.runpytest_subprocess(
-        "-p", "harness.plugin", "--pyargs", "gates.test_layout_gates", "gates.test_reshard_gates",
+    result = run_pytest(
+        other_project, "-p", "harness.plugin", "--pyargs", "gates.test_layout_gates", "gates.test_reshard_gates",
         "gates.test_training_gates", "-k", "(layout or reshard or twins) and not the_models", "--nproc", "4", "-p", "no:randomly",
         "--hypothesis-profile", "dev", "--hypothesis-seed", "0", timeout=600,
     )  # fmt: skip
@@ -115,13 +115,16 @@ def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_fo
 def test_the_fsdp2_over_tp_empty_piece_finding_still_reproduces_with_torch_alone() -> None:
     """The torch finding the layout cases steer around; when torch fixes it, this fails, and
     the widening in ``layout_cases`` can go."""
-    import subprocess
-    import sys
-
     script = REPO / "examples" / "findings" / "fsdp2_over_tp_empty_piece.py"
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(script)],
-        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": ""},
-    )  # fmt: skip
+    run = run_python(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        script,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert run.returncode != 0, run.stdout[-2000:]
     assert "local [0, 0] (expected [1, 0])" in run.stdout, run.stdout[-2000:]

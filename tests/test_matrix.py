@@ -5,13 +5,11 @@ declaration), and a deliberately broken adapter fails the cells that ShardedMuon
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import REPO, open_in_chromium, repo_env
+from support import REPO, open_in_chromium, repo_env, run_python
 
 from harness.matrix import row_of
 from reports.matrix import Matrix, render_html, render_markdown
@@ -81,11 +79,10 @@ def test_a_row_judged_against_itself_counts_only_its_comparisons_with_itself() -
 
 @pytest.mark.slow
 def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path),
-         "distributed_impl:ShardedMuon", "examples.broken_muon:broken_muon"],
-        capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
-        env=repo_env(),
+    run = run_python(
+        "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path),
+        "distributed_impl:ShardedMuon", "examples.broken_muon:broken_muon",
+        timeout=600, cwd=REPO, env=repo_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [line for line in (tmp_path / "matrix.md").read_text().splitlines() if line.startswith("| ")][1:]
@@ -162,10 +159,10 @@ def _matrix(tmp_path: Path, *adapters: str) -> list[dict[str, dict[str, str]]]:
     """The matrix's tables for ``adapters`` (``--kernel`` ones included), on the two hand-picked
     edge cases whose cells are checked and the cause gate (each one case, no shrinking:
     muon-fsdp2 compiles per shape); the probe pass has a test of its own (below)."""
-    run = subprocess.run(
-        [sys.executable, "-m", "harness.matrix", "--nproc", "2", "--profile", "dev", "--timeout", "300", "--no-probe",
-         "-k", "uneven-7x5 or no-grad-and-zero-grad or declared_difference", "--out", str(tmp_path), *adapters],
-        capture_output=True, text=True, timeout=900, check=False, cwd=REPO, env=repo_env(),
+    run = run_python(
+        "-m", "harness.matrix", "--nproc", "2", "--profile", "dev", "--timeout", "300", "--no-probe",
+        "-k", "uneven-7x5 or no-grad-and-zero-grad or declared_difference", "--out", str(tmp_path), *adapters,
+        timeout=900, cwd=REPO, env=repo_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return _tables((tmp_path / "matrix.md").read_text())
@@ -238,10 +235,10 @@ def test_a_feature_an_adapter_does_not_declare_is_tried_and_its_cell_says_what_h
 def test_the_matrix_tries_a_feature_its_adapter_does_not_declare(tmp_path: Path) -> None:
     """torch.optim.Muon declares no 3-D parameters (it refuses them); the hand-picked expert
     stack, skipped for that, is run anyway and its cell says what happened."""
-    run = subprocess.run(
-        [sys.executable, "-m", "harness.matrix", "--nproc", "2", "-k", "experts-1x5x5", "--out", str(tmp_path),
-         "examples.torch_muon:torch_muon"],
-        capture_output=True, text=True, timeout=600, check=False, cwd=REPO, env=repo_env(),
+    run = run_python(
+        "-m", "harness.matrix", "--nproc", "2", "-k", "experts-1x5x5", "--out", str(tmp_path),
+        "examples.torch_muon:torch_muon",
+        timeout=600, cwd=REPO, env=repo_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (row,) = _tables((tmp_path / "matrix.md").read_text())[0].values()

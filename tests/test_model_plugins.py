@@ -5,11 +5,12 @@ completes as an empty-expert scenario, and a bad spec or declaration is a usage 
 from __future__ import annotations
 
 import pytest
+from support import run_pytest
 
 
 def _gates(other_project: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return other_project.runpytest_subprocess(
-        "-p", "harness.plugin", "--pyargs", "gates.test_training_gates", "gates.test_moe_gates", "-m", "gate",
+    return run_pytest(
+        other_project, "-p", "harness.plugin", "--pyargs", "gates.test_training_gates", "gates.test_moe_gates", "-m", "gate",
         "-k", "the_models", "-p", "no:randomly", *args, timeout=600,
     )  # fmt: skip
 

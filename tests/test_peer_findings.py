@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import run_python
 
 #: each reproducer is a program of its own, with one of the peers extra's packages
 pytestmark = [pytest.mark.slow, pytest.mark.peers]
@@ -20,7 +20,7 @@ FINDINGS = Path(__file__).resolve().parents[1] / "examples" / "findings"
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": ""}  # the package and torch, never muongate
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180, check=False, env=env)
+    return run_python(*args, env=env, timeout=180)
 
 
 def _torchrun(script: str, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,6 @@
-"""Claims about the pytest plugin, checked end to end with ``pytester`` in fresh pytest
-processes: options and markers exist, usage errors say how to fix them, a planted hang
+"""Claims about the pytest plugin, checked end to end with ``pytester`` in pytest sessions of
+their own (forked from the tests' zygote, ``tests/zygote.py``, except the claims about what
+another project's fresh session pays and sees, which start afresh): options and markers exist, usage errors say how to fix them, a planted hang
 ends the case instead of the run, and -x / --lf / -k behave as in any pytest suite.
 
 The plugin is installed as an entry point, so it is loaded into every pytest session of an
@@ -13,6 +14,7 @@ from __future__ import annotations
 from xml.etree import ElementTree
 
 import pytest
+from support import run_pytest
 
 GATE_FILE = """
 import pytest
@@ -40,7 +42,7 @@ def suite(other_project: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_help_lists_the_muongate_options(suite: pytest.Pytester) -> None:
-    result = suite.runpytest_subprocess("--help")
+    result = run_pytest(suite, "--help", timeout=120)
     result.stdout.fnmatch_lines(
         ["*muongate*", "*--nproc=NPROC*", "*--gate-device*", "*--case-timeout*", "*--gate-report=DIR*"]
     )
@@ -92,7 +94,7 @@ def test_bad_option_is_a_one_line_usage_error_that_says_the_fix(
 ) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    result = suite.runpytest_subprocess(*args, timeout=60)
+    result = run_pytest(suite, *args, timeout=60)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([line])
     assert "Traceback" not in result.stderr.str() and "INTERNALERROR" not in result.stderr.str()
@@ -102,7 +104,7 @@ def test_a_factory_the_ranks_cannot_receive_is_refused_at_once(suite: pytest.Pyt
     suite.makepyfile(
         closure_impl="def _make():\n    def factory(groups, **settings):\n        pass\n    return factory\n\n\nmuon = _make()\n"
     )
-    result = suite.runpytest_subprocess("--impl", "closure_impl:muon", timeout=60)
+    result = run_pytest(suite, "--impl", "closure_impl:muon", timeout=60)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         ["ERROR: --impl closure_impl:muon: the ranks receive it by pickling, and it does not pickle (*"
@@ -127,7 +129,7 @@ def test_gate_figures_reach_junit_xml_and_the_github_step_summary(
     suite.makepyfile(test_junit=JUNIT_GATE)
     summary = suite.path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    result = suite.runpytest_subprocess("test_junit.py", "--nproc", "2", "--junitxml", "junit.xml", timeout=120)
+    result = run_pytest(suite, "test_junit.py", "--nproc", "2", "--junitxml", "junit.xml", timeout=120)
     result.assert_outcomes(passed=1)
     properties = {p.get("name"): p.get("value") for p in ElementTree.parse(suite.path / "junit.xml").iter("property")}
     assert properties["tiny.cases"] == "1" and properties["tiny.failed"] == "0"
@@ -140,15 +142,24 @@ def test_cuda_without_enough_gpus_is_a_usage_error(suite: pytest.Pytester) -> No
 
     if torch.cuda.device_count() >= 64:
         pytest.skip("this machine has 64 GPUs")
-    result = suite.runpytest_subprocess("--gate-device", "cuda", "--nproc", "64")
+    result = run_pytest(suite, "--gate-device", "cuda", "--nproc", "64", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*needs one GPU per rank*--nproc 64*"])
 
 
 @pytest.mark.slow
 def test_planted_hang_finishes_the_run_with_header_report_and_no_marker_warning(suite: pytest.Pytester) -> None:
-    result = suite.runpytest_subprocess(
-        "-m", "gate", "--nproc", "2", "-W", "error::pytest.PytestUnknownMarkWarning", "-p", "no:randomly"
+    result = run_pytest(
+        suite,
+        "-m",
+        "gate",
+        "--nproc",
+        "2",
+        "-W",
+        "error::pytest.PytestUnknownMarkWarning",
+        "-p",
+        "no:randomly",
+        timeout=300,
     )
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["muongate *: torch *, backend gloo on cpu, nproc 2, hypothesis * profile ci"])
@@ -157,9 +168,9 @@ def test_planted_hang_finishes_the_run_with_header_report_and_no_marker_warning(
 
 @pytest.mark.slow
 def test_exitfirst_and_last_failed_rerun_only_what_failed(suite: pytest.Pytester) -> None:
-    first = suite.runpytest_subprocess("-m", "gate", "-k", "planted_failure or works_after", "-x")
+    first = run_pytest(suite, "-m", "gate", "-k", "planted_failure or works_after", "-x", timeout=300)
     first.assert_outcomes(passed=1, failed=1)
-    again = suite.runpytest_subprocess("-m", "gate", "--lf")
+    again = run_pytest(suite, "-m", "gate", "--lf", timeout=300)
     again.assert_outcomes(failed=1)
     again.stdout.fnmatch_lines(["*run-last-failure*"])
 

@@ -4,11 +4,10 @@ store collisions, and the controller merges their streams into one report."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import REPO, repo_env
+from support import REPO, repo_env, run_python
 
 from reports.records import CaseResult
 from reports.stream import read_streams
@@ -16,10 +15,10 @@ from reports.stream import read_streams
 
 def _gates(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """This checkout's gates with ``--nproc 2`` and ARGS, from ``tmp_path``, reporting to ``tmp_path/report``."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "gates"), "-m", "gate", *args, "--nproc", "2", "-q",
-         "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(tmp_path / "report")],
-        cwd=tmp_path, env=repo_env(**env), capture_output=True, text=True, timeout=600,
+    return run_python(
+        "-m", "pytest", str(REPO / "gates"), "-m", "gate", *args, "--nproc", "2", "-q",
+        "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(tmp_path / "report"),
+        cwd=tmp_path, env=repo_env(**env), timeout=600,
     )  # fmt: skip
 
 
