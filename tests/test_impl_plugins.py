@@ -288,7 +288,7 @@ def test_declared_devices_and_the_default_group_shape_what_a_candidate_runs() ->
     from harness.candidates.impl import Impl
     from harness.cases.case import Case, ParamSpec
 
-    ddp = _module_level("ddp_style", "ddp", muongate_devices={"cuda"}, muongate_default_group=True)
+    ddp = _module_level("ddp_style", "ddp", devices={"cuda"}, default_group=True)
     impl = Impl.load(ddp)
     assert impl.missing({"cpu"}) == ["cpu"] and impl.missing({"cuda"}) == []
     widened = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),)), pool_world=2)
@@ -300,23 +300,23 @@ def test_a_candidate_that_refuses_zero_iterations_gets_its_fewest_and_the_case_s
     from harness.candidates.impl import Impl
     from harness.cases.case import Case, ParamSpec
 
-    impl = Impl.load(_module_level("at_least_one", "muon", muongate_min_ns_steps=1))
+    impl = Impl.load(_module_level("at_least_one", "muon", min_ns_steps=1))
     raised = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 0),)))
     assert dict(raised.settings)["ns_steps"] == 1
     assert "ns_steps 0 → 1 (min_ns_steps)" in raised.narrowed
     assert not impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 3),))).narrowed
     with pytest.raises(ValueError, match=r"Candidate min_ns_steps=-1: a whole number ≥ 0"):
-        Impl.load(_module_level("below_zero", "muon", muongate_min_ns_steps=-1))
+        Impl.load(_module_level("below_zero", "muon", min_ns_steps=-1))
 
 
 def _module_level(module: str, name: str, **declared: object) -> str:
-    """A factory declaring ``declared``, importable (and so picklable) as ``module:name``."""
+    """A factory declaring ``Candidate(**declared)``, importable (and so picklable) as ``module:name``."""
+    from harness.candidates import Candidate
 
     def factory(param_groups: object, **settings: object) -> None: ...
 
     factory.__module__, factory.__qualname__ = module, name
-    for key, value in declared.items():
-        setattr(factory, key, value)
+    factory = Candidate(**declared)(factory)  # type: ignore[arg-type]
     sys.modules[module] = type(sys)(module)
     setattr(sys.modules[module], name, factory)
     return f"{module}:{name}"

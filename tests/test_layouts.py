@@ -81,9 +81,10 @@ def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "flat_muon.py").write_text(
+        "from harness.candidates import Candidate\n"
         "def flat_muon(param_groups, **settings):\n    raise AssertionError('never built')\n"
+        "@Candidate(layouts={'tp'})\n"
         "def tp_muon(param_groups, **settings):\n    raise AssertionError('never built')\n"
-        "tp_muon.muongate_layouts = {'tp'}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     flat = Impl.load("flat_muon:flat_muon").adapt(_case(4, (2, 2), 2))
