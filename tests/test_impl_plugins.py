@@ -19,17 +19,16 @@ from distributed_impl import ShardedMuon
 UNEXPRESSIBLE = """
 import torch
 from distributed_impl import ShardedMuon
+from harness.candidates import Candidate
 
+@Candidate(conventions={"cautious_mask": True})
 def cautious(param_groups, **settings):
     return ShardedMuon(param_groups, **settings)
 
-cautious.muongate_conventions = {"cautious_mask": True}
 
-
+@Candidate(conventions={"ns_dtype": torch.float16})
 def half(param_groups, **settings):
     return ShardedMuon(param_groups, **settings)
-
-half.muongate_conventions = {"ns_dtype": torch.float16}
 """
 
 

@@ -112,8 +112,9 @@ def test_a_convention_value_the_reference_cannot_take_is_refused_by_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "half_muon.py").write_text(
+        "from harness.candidates import Candidate\n"
+        "@Candidate(conventions={'ns_dtype': 'float16'})\n"
         "def half_muon(param_groups, **settings):\n    raise AssertionError('never built')\n"
-        "half_muon.muongate_conventions = {'ns_dtype': 'float16'}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     impl = Impl.load("half_muon:half_muon")
