@@ -33,7 +33,7 @@ sys.exit(int(sys.argv[-1]))
 
 
 def _both(*args: str | Path, **kw: object) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
-    assert zygote().takes(dict(kw.get("env") or os.environ))  # type: ignore[arg-type]  # forked, not run afresh
+    assert not zygote().differs(dict(kw.get("env") or os.environ))  # type: ignore[arg-type]  # forked, not afresh
     fresh = run_python(*args, fresh=True, timeout=120, **kw)  # type: ignore[arg-type]
     forked = run_python(*args, timeout=120, **kw)  # type: ignore[arg-type]
     return fresh, forked
@@ -81,7 +81,7 @@ def test_a_program_past_its_timeout_is_killed_with_everything_it_started(tmp_pat
         "time.sleep(600)\n"
     )
     for fresh in (True, False):
-        assert fresh or zygote().takes(dict(os.environ))
+        assert fresh or not zygote().differs(dict(os.environ))
         with pytest.raises(subprocess.TimeoutExpired):
             run_python(tmp_path / "slow.py", timeout=5, fresh=fresh)
         _gone(int(pid_file.read_text()))

@@ -13,6 +13,10 @@ rebuilt from them, ``sys.argv``, standard streams on the caller's files, and at 
 fresh interpreter does on its way out (threads joined, ``atexit`` handlers, streams flushed), then
 its exit status.
 
+One thing a fork cannot make fresh: ``str`` hashes are salted once per interpreter, so every
+program forked from one server iterates a set of strings in the same order, where fresh ones
+each draw their own salt. Nothing muongate concludes may depend on that order.
+
 Where fidelity is the claim it stays a fresh interpreter: ``run_python(..., fresh=True)``, and any
 environment that differs from the server's in a variable a preloaded module reads at import (only
 ``PYTHONPATH``, ``HOME``, ``PY_COLORS``, ``PYTEST_*``, ``MUONGATE_*`` and a few more may differ). The plug-in's cost to
@@ -57,8 +61,9 @@ PRELOAD = (
 )
 
 #: the variables in which a program's environment may differ from the server's: none of them is
-#: read by a preloaded module at import
-_MAY_DIFFER = ("PYTHONPATH", "COLUMNS", "HOME", "USERPROFILE", "PY_COLORS")
+#: read by a preloaded module at import (torch's inductor sets its cache directory in the
+#: environment at its first compile, which a test of compiled kernels does in its worker)
+_MAY_DIFFER = ("PYTHONPATH", "COLUMNS", "HOME", "USERPROFILE", "PY_COLORS", "TORCHINDUCTOR_CACHE_DIR")
 _MAY_DIFFER_PREFIXES = ("PYTEST_", "MUONGATE_")
 
 
@@ -243,8 +248,12 @@ class Zygote:
     def takes(self, env: dict[str, str]) -> bool:
         """Whether a program with ``env`` may be forked: it differs from the server's only where
         no preloaded module looks at import."""
+        return not self.differs(env)
+
+    def differs(self, env: dict[str, str]) -> list[str]:
+        """The variables in which ``env`` differs from the server's where a preloaded module may look."""
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        return all(k in _MAY_DIFFER or k.startswith(_MAY_DIFFER_PREFIXES) for k in changed)
+        return sorted(k for k in changed if k not in _MAY_DIFFER and not k.startswith(_MAY_DIFFER_PREFIXES))
 
     def run(self, args: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
         with tempfile.TemporaryDirectory(dir=self._dir) as scratch:
