@@ -70,6 +70,21 @@ def test_hanging_rank_is_detected_within_the_deadline_and_the_next_case_passes(p
     assert pool.spawns == spawns + 1
 
 
+def test_a_rank_still_computing_at_its_deadline_is_given_time_and_its_case_completes(pool):
+    """Slow is not stuck: a first compile on a crowded machine outlasted a 120 s deadline once."""
+    outcome = pool.run(tasks.compute_on_rank, (1, 2.5), timeout_s=1)
+    assert outcome.ok and outcome.results == [0, 1], outcome.failure
+    assert outcome.seconds >= 2.5
+
+
+def test_a_rank_that_computes_forever_is_still_a_hang_at_four_times_its_deadline(pool):
+    outcome = pool.run(tasks.compute_on_rank, (1, 3600.0), timeout_s=0.5)
+    assert outcome.failure is not None and outcome.failure.kind == "hang", outcome.failure
+    assert "nor in the 4 times as long given while they computed" in outcome.failure.message
+    assert 2.0 <= outcome.seconds < 10
+    assert pool.run(tasks.sum_of_ranks).ok
+
+
 def test_rank_killed_by_a_signal_is_reported_with_its_exit_code(pool):
     outcome = pool.run(tasks.die_on_rank, 0)
     assert outcome.failure is not None and outcome.failure.kind == "died" and outcome.failure.rank == 0

@@ -32,7 +32,8 @@ def add_options(parser: pytest.Parser) -> None:
         "--case-timeout",
         type=float,
         default=120.0,
-        help="wall-clock seconds one distributed case may take before its ranks are dumped and killed (default: 120).",
+        help="wall-clock seconds one distributed case may take before its ranks are dumped and killed (default: "
+        "120); a CPU rank still computing outside any collective gets up to four times as long.",
     )
     group.addoption(
         "--rank-threads",

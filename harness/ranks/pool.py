@@ -34,8 +34,11 @@ will never come); the verdict names each rank's collective. Ranks that loop over
 collectives of their own sub-group move bytes, so the ranks waiting for them on another group
 are not called hung; a rank that is merely slow (compiling, computing, descheduled on a
 busy machine) is not in a collective or is runnable, and is never called a hang either. The
-case's wall-clock deadline still bounds every case, and the process groups' own timeout is
-set past it, so the collective library never answers before the harness does. A rank
+case's wall-clock deadline still bounds every case: past it, a CPU rank that is still
+computing outside any collective (a first ``torch.compile`` on a crowded machine) is given more
+time, up to ``SLOW_CAP`` times the deadline, and one that only waits is a hang at once. The
+process groups' own timeout is set past that, so the collective library never answers before
+the harness does. A rank
 killed by a signal (gloo aborts on a size-mismatched collective) is seen through its
 process sentinel, with its exit code and the tail of its log, which holds what the C++ side
 printed before it died (``faulthandler`` writes the stack of a rank that crashes there).
@@ -117,6 +120,10 @@ SCRATCH = "MUONGATE_POOL_SCRATCH"
 #: seen within a few tenths of a second, a long healthy case (training) is read a few times
 #: a second at most.
 _MAX_SAMPLE_GAP_S = 0.5
+
+#: Past its deadline, a case whose ranks still compute outside any collective may run up to this
+#: many times its deadline before it is called a hang: slow is not stuck.
+SLOW_CAP = 4.0
 
 #: How long, after a rank raised under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the pool waits for
 #: peers that still progress to raise their own error, before it stops the case with their stacks.
@@ -244,7 +251,7 @@ class RankPool:
         self.devices = devices or ["cpu"] * nproc
         self.case_timeout_s = case_timeout_s
         # Past any case's deadline: the harness, not the library, says what a stuck case is.
-        self.pg_timeout_s = pg_timeout_s if pg_timeout_s is not None else case_timeout_s + 30.0
+        self.pg_timeout_s = pg_timeout_s if pg_timeout_s is not None else SLOW_CAP * case_timeout_s + 30.0
         self.startup_timeout_s = startup_timeout_s
         # More ranks than cores: a descheduled rank can keep a healthy collective waiting longer.
         crowded = max(1.0, nproc / usable_cores())
@@ -404,12 +411,15 @@ class RankPool:
         start = time.monotonic()
         for rank in range(world):
             self._conns[rank].send(job)
-        results, failure = self._collect(world, start + (timeout_s or self.case_timeout_s), offsets)
+        timeout = timeout_s or self.case_timeout_s
+        results, failure = self._collect(world, start + timeout, start + SLOW_CAP * timeout, offsets)
         if failure is not None:
             self.shutdown(kill=True)
         return CaseOutcome(results + [None] * (self.nproc - world), failure, time.monotonic() - start)
 
-    def _collect(self, world: int, deadline: float, offsets: list[int]) -> tuple[list[Any], RankFailure | None]:
+    def _collect(
+        self, world: int, deadline: float, cap: float, offsets: list[int]
+    ) -> tuple[list[Any], RankFailure | None]:
         results: list[Any] = [None] * world
         pending = set(range(world))
         failure: RankFailure | None = None
@@ -423,6 +433,7 @@ class RankPool:
         gap = self.sample_after_s
         next_sample = time.monotonic() + gap
         failed_at = 0.0
+        extended = False
         while pending:
             by_handle: dict[Any, tuple[str, int]] = {}
             for r in pending:
@@ -432,7 +443,12 @@ class RankPool:
             ready = wait(list(by_handle), timeout=max(0.0, min(deadline, next_sample) - now))
             if not ready:
                 if time.monotonic() >= deadline:
-                    return results, self._hang(pending, failure)
+                    if failure is not None or progress is None or not self._computing(pending, progress):
+                        return results, self._hang(pending, failure, extended=extended)
+                    if time.monotonic() >= cap:
+                        return results, self._hang(pending, failure, extended=True)
+                    deadline, extended = time.monotonic() + _MAX_SAMPLE_GAP_S, True
+                    continue
                 dumps = self._stacks(pending)
                 moved = progress.moved({r: self._watched[r] for r in pending}) if progress else None
                 if failure is not None:
@@ -489,13 +505,20 @@ class RankPool:
             why = f"{waiting}, without progress for {self.stall_s:g} s"
         return RankFailure("hang", min(pending), why, stacks=dumps, collectives=where)
 
-    def _hang(self, pending: set[int], earlier: RankFailure | None) -> RankFailure:
+    def _computing(self, pending: set[int], progress: Progress) -> bool:
+        """Whether a pending rank works outside any collective and some rank progressed since the last look."""
+        stacks = self._stacks(pending)
+        outside = any(collective(main_thread_frames(text)) is None for text in stacks.values())
+        return outside and progress.moved({r: self._watched[r] for r in pending}) is True
+
+    def _hang(self, pending: set[int], earlier: RankFailure | None, *, extended: bool = False) -> RankFailure:
         stacks = self._stacks(pending)
         if earlier is not None:
             return replace(earlier, stacks={**earlier.stacks, **stacks})
         rank = min(pending)
         where = {r: c for r, text in stacks.items() if (c := collective(main_thread_frames(text)))}
-        why = f"ranks {sorted(pending)} did not finish before the deadline" + "".join(
+        late = f", nor in the {SLOW_CAP:g} times as long given while they computed" if extended else ""
+        why = f"ranks {sorted(pending)} did not finish before the deadline{late}" + "".join(
             f"; rank {r} waits in {c}" for r, c in sorted(where.items())
         )
         return RankFailure("hang", rank, why, stacks=stacks, collectives=where)

@@ -38,6 +38,21 @@ def hang_on_rank(ctx: RankContext, payload: int) -> int:
     return ctx.rank
 
 
+def compute_on_rank(ctx: RankContext, payload: tuple[int, float]) -> int:
+    """Rank ``payload[0]`` computes for ``payload[1]`` seconds (as a first compile does), while
+    its peers wait for it in a collective."""
+    import torch
+    import torch.distributed as dist
+
+    rank, seconds = payload
+    if ctx.rank == rank:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(i * i for i in range(10_000))
+    dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group)
+    return ctx.rank
+
+
 def die_on_rank(ctx: RankContext, payload: int) -> int:
     """Rank ``payload`` is killed by SIGABRT, as gloo does on a size-mismatched collective."""
     if ctx.rank == payload:
