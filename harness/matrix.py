@@ -15,7 +15,8 @@ or ``not run``. A cell counts only what ran the candidate: a gate of muongate's 
 feature or layout undeclared, the matrix runs it once more with ``--probe-undeclared`` (its
 report under ``OUT/<slug>-probe/``), and a cell it had narrowed or skipped for that says what
 the package did there: ``not declared: tried: bitwise …``, ``… crashes …`` (``--no-probe``
-leaves that out). The matrix is written as
+leaves that out). ``--jobs N`` runs N adapters at once (each with its own ranks: on a
+machine with cores to spare); the rows keep the order they were named in. The matrix is written as
 ``OUT/matrix.md`` and ``OUT/matrix.html`` and printed.
 
 A Newton–Schulz kernel (``--kernel MODULE:FN``, repeatable) gets a row of its own table: it
@@ -33,6 +34,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,6 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one adapter's run may take")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="adapters run at once, each in its own pytest process with its own ranks (default: 1)",
+    )
+    parser.add_argument(
         "--no-probe",
         dest="probe",
         action="store_false",
@@ -246,15 +254,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="muongate-matrix", help="directory for the runs and the matrix")
     args = parser.parse_args(argv)
-    if args.nproc < 1 or args.timeout <= 0:
-        parser.error(f"--nproc {args.nproc} and --timeout {args.timeout:g} must be positive")
+    bad = [
+        f"--{name} {value:g}"
+        for name, value in vars(args).items()
+        if name in ("nproc", "jobs", "timeout") and value <= 0
+    ]
+    if bad:
+        parser.error(f"{', '.join(bad)}: must be positive")
     if not args.adapters and not args.kernel:
         parser.error("name at least one adapter (MODULE:FACTORY) or --kernel MODULE:FN")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("CI", "true")  # plain progress in the subprocesses' logs
     adapters = [Adapter(spec) for spec in args.adapters] + [Adapter(spec, "kernel") for spec in args.kernel]
-    matrix = Matrix([run_adapter(adapter, out, args) for adapter in adapters])
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        matrix = Matrix(list(pool.map(lambda adapter: run_adapter(adapter, out, args), adapters)))
     (out / "matrix.md").write_text(render_markdown(matrix), encoding="utf-8")
     (out / "matrix.html").write_text(render_html(matrix), encoding="utf-8")
     render_terminal(matrix)

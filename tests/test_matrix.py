@@ -78,9 +78,10 @@ def test_a_row_judged_against_itself_counts_only_its_comparisons_with_itself() -
 
 
 @pytest.mark.slow
-def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes(tmp_path: Path) -> None:
+def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes_also_when_both_run_at_once(tmp_path: Path) -> None:
+    """``--jobs 2`` runs the two adapters side by side; the rows keep the order they were named in."""
     run = run_python(
-        "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path),
+        "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path), "--jobs", "2",
         "distributed_impl:ShardedMuon", "examples.broken_muon:broken_muon",
         timeout=600, cwd=REPO, env=repo_env(),
     )  # fmt: skip
