@@ -59,6 +59,30 @@ def test_a_muon_that_gives_a_missing_gradient_zeros_moves_the_parameter(package:
     assert moved is not None and float(moved[1]) > 0, run.stdout[-2000:]
 
 
+def test_muon_fsdp2_overwrites_its_momentum_buffer_with_the_update_when_nesterov_is_off() -> None:
+    pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun("muon_fsdp2_nesterov_off_buffer_overwritten.py", 1)
+    assert run.returncode != 0, run.stdout[-2000:]
+    off = re.search(r"momentum buffer after one step, Nesterov off: off by (\S+)", run.stdout)
+    assert off is not None and float(off[1]) > 0.01, run.stdout[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("package", "module", "said"),
+    [
+        ("torch", "torch", "torch: a [2, 4, 4] stack refused: ValueError: Muon only supports 2D parameters"),
+        ("pytorch_optimizer", "pytorch_optimizer", "pytorch_optimizer: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| 0.0"),
+        ("keller", "muon", "keller: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| 0\n"),
+    ],
+)  # fmt: skip
+def test_what_each_muon_does_with_a_stack_of_matrices(package: str, module: str, said: str) -> None:
+    """torch refuses a 3-D parameter, pytorch-optimizer orthogonalizes its flattened view, muon-optimizer each matrix."""
+    pytest.importorskip(module, reason="the peers extra: pip install -e .[peers]")
+    run = _run(str(FINDINGS / "muons_on_a_3d_parameter.py"), package)
+    assert run.returncode == (0 if package == "keller" else 1), run.stdout + run.stderr
+    assert said in run.stdout, run.stdout
+
+
 def test_muon_fsdp2_fails_on_a_mesh_that_is_a_slice_of_the_world() -> None:
     pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
     run = _torchrun("muon_fsdp2_submesh_rank.py", 2)

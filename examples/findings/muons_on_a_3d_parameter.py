@@ -1,0 +1,61 @@
+"""What Muons do with a 3-D parameter, such as a stack of experts' matrices (torch 2.13, one device).
+
+Run: ``python examples/findings/muons_on_a_3d_parameter.py PACKAGE`` with PACKAGE one of
+``torch``, ``pytorch_optimizer`` or ``keller`` (only torch and that package; exits 1 while the
+stack is not stepped as its matrices one by one, 0 once it is).
+
+muongate's reference steps a batch-first ``[E, m, n]`` stack as ``E`` matrices of ``[m, n]``
+(an expert's weight is a matrix). The matrix's probe of undeclared features tried a stack on
+each Muon whose adapter does not declare ``experts``. What each package does, on one device,
+from a zero state, one step at lr 0.02: a stack of two ``[4, 4]`` matrices against the same two
+matrices stepped as parameters of their own.
+
+* ``torch``: ``torch.optim.Muon`` refuses it by name (``ValueError: Muon only supports 2D
+  parameters``): a limit it states.
+* ``pytorch_optimizer``: ``Muon`` orthogonalizes the flattened ``[E, m·n]`` view, as its
+  docstring says ("The orthogonal update uses a flattened matrix view"): a convention, one
+  matrix for the whole stack.
+* ``keller`` (``muon-optimizer``): batched Newton–Schulz over the leading dimension, the
+  stack's matrices one by one (its adapter declares ``experts``).
+"""
+
+import sys
+
+import torch
+
+
+def optimizer(package: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    if package == "torch":
+        return torch.optim.Muon(params, lr=0.02)
+    if package == "pytorch_optimizer":
+        from pytorch_optimizer import Muon
+
+        return Muon([{"params": params, "use_muon": True}], lr=0.02)
+    if package == "keller":
+        from muon import SingleDeviceMuon
+
+        return SingleDeviceMuon(params, lr=0.02)
+    raise SystemExit(f"PACKAGE must be torch, pytorch_optimizer or keller, not {package!r}")
+
+
+def main(package: str) -> int:
+    torch.manual_seed(0)
+    grad = torch.randn(2, 4, 4)
+    stack = torch.nn.Parameter(torch.randn(2, 4, 4))
+    one_by_one = [torch.nn.Parameter(stack.detach()[i].clone()) for i in range(2)]
+    stack.grad = grad.clone()
+    for p, g in zip(one_by_one, grad, strict=True):
+        p.grad = g.clone()
+    try:
+        optimizer(package, [stack]).step()
+    except Exception as e:
+        print(f"{package}: a [2, 4, 4] stack refused: {type(e).__name__}: {e}")
+        return 1
+    optimizer(package, one_by_one).step()
+    off = (stack.detach() - torch.stack([p.detach() for p in one_by_one])).abs().max().item()
+    print(f"{package}: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| {off:.3g}")
+    return 1 if off else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "torch"))
