@@ -34,7 +34,9 @@ def main() -> int:
     opt.step()
     buffer = opt.state[model.weight]["momentum_buffer"].full_tensor()
     off = (buffer - expected).abs().max().item()
-    print(f"momentum buffer after one step, Nesterov off: off by {off:.3g} (largest expected entry {expected.abs().max().item():.3g})")
+    print(
+        f"momentum buffer after one step, Nesterov off: off by {off:.3g} (largest expected entry {expected.abs().max().item():.3g})"
+    )
     dist.destroy_process_group()
     return 1 if off > 1e-6 else 0
 
