@@ -73,10 +73,12 @@ def test_muon_fsdp2_overwrites_its_momentum_buffer_with_the_update_when_nesterov
         ("torch", "torch", "torch: a [2, 4, 4] stack refused: ValueError: Muon only supports 2D parameters"),
         ("pytorch_optimizer", "pytorch_optimizer", "pytorch_optimizer: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| 0.0"),
         ("keller", "muon", "keller: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| 0\n"),
+        ("muon_fsdp2", "muon_fsdp2", "muon_fsdp2: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| 0.000"),
     ],
 )  # fmt: skip
 def test_what_each_muon_does_with_a_stack_of_matrices(package: str, module: str, said: str) -> None:
-    """torch refuses a 3-D parameter, pytorch-optimizer orthogonalizes its flattened view, muon-optimizer each matrix."""
+    """torch refuses a 3-D parameter, pytorch-optimizer orthogonalizes its flattened view, muon-optimizer each
+    matrix, muon-fsdp2 each matrix up to its batched kernel's rounding."""
     pytest.importorskip(module, reason="the peers extra: pip install -e .[peers]")
     run = _run(str(FINDINGS / "muons_on_a_3d_parameter.py"), package)
     assert run.returncode == (0 if package == "keller" else 1), run.stdout + run.stderr
