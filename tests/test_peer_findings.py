@@ -85,6 +85,14 @@ def test_what_each_muon_does_with_a_stack_of_matrices(package: str, module: str,
     assert said in run.stdout, run.stdout
 
 
+def test_muon_fsdp2_steps_another_matrix_when_a_weight_is_split_by_columns() -> None:
+    pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun("muon_fsdp2_column_shards.py", 2)
+    assert run.returncode != 0, run.stdout[-2000:]
+    off = re.search(r"rank 0: one step split by columns against split by rows: max\|diff\| (\S+)", run.stdout)
+    assert off is not None and float(off[1]) > 1e-4, run.stdout[-2000:]
+
+
 def test_muon_fsdp2_fails_on_a_mesh_that_is_a_slice_of_the_world() -> None:
     pytest.importorskip("muon_fsdp2", reason="the peers extra: pip install -e .[peers]")
     run = _torchrun("muon_fsdp2_submesh_rank.py", 2)
