@@ -254,11 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="muongate-matrix", help="directory for the runs and the matrix")
     args = parser.parse_args(argv)
-    bad = [
-        f"--{name} {value:g}"
-        for name, value in vars(args).items()
-        if name in ("nproc", "jobs", "timeout") and value <= 0
-    ]
+    bad = [f"--{name} {getattr(args, name):g}" for name in ("nproc", "jobs", "timeout") if getattr(args, name) <= 0]
     if bad:
         parser.error(f"{', '.join(bad)}: must be positive")
     if not args.adapters and not args.kernel:

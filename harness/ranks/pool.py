@@ -443,10 +443,11 @@ class RankPool:
             ready = wait(list(by_handle), timeout=max(0.0, min(deadline, next_sample) - now))
             if not ready:
                 if time.monotonic() >= deadline:
-                    if failure is not None or progress is None or not self._computing(pending, progress):
-                        return results, self._hang(pending, failure, extended=extended)
+                    stacks = self._stacks(pending)
+                    if failure is not None or progress is None or not self._computing(pending, stacks, progress):
+                        return results, self._hang(pending, failure, stacks, extended=extended)
                     if time.monotonic() >= cap:
-                        return results, self._hang(pending, failure, extended=True)
+                        return results, self._hang(pending, failure, stacks, extended=True)
                     deadline, extended = time.monotonic() + _MAX_SAMPLE_GAP_S, True
                     continue
                 dumps = self._stacks(pending)
@@ -505,14 +506,16 @@ class RankPool:
             why = f"{waiting}, without progress for {self.stall_s:g} s"
         return RankFailure("hang", min(pending), why, stacks=dumps, collectives=where)
 
-    def _computing(self, pending: set[int], progress: Progress) -> bool:
-        """Whether a pending rank works outside any collective and some rank progressed since the last look."""
-        stacks = self._stacks(pending)
+    def _computing(self, pending: set[int], stacks: dict[int, str], progress: Progress) -> bool:
+        """Whether a pending rank works outside any collective (``stacks``, just read) and some
+        rank progressed since the last look."""
         outside = any(collective(main_thread_frames(text)) is None for text in stacks.values())
         return outside and progress.moved({r: self._watched[r] for r in pending}) is True
 
-    def _hang(self, pending: set[int], earlier: RankFailure | None, *, extended: bool = False) -> RankFailure:
-        stacks = self._stacks(pending)
+    def _hang(
+        self, pending: set[int], earlier: RankFailure | None, stacks: dict[int, str], *, extended: bool = False
+    ) -> RankFailure:
+        """The case stopped at its deadline, with the pending ranks' ``stacks`` read there."""
         if earlier is not None:
             return replace(earlier, stacks={**earlier.stacks, **stacks})
         rank = min(pending)
