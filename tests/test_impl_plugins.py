@@ -5,6 +5,7 @@ spec is a usage error."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -306,6 +307,59 @@ def test_a_candidate_that_refuses_zero_iterations_gets_its_fewest_and_the_case_s
     assert not impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 3),))).narrowed
     with pytest.raises(ValueError, match=r"Candidate min_ns_steps=-1: a whole number ≥ 0"):
         Impl.load(_module_level("below_zero", "muon", min_ns_steps=-1))
+
+
+def test_a_probe_of_one_undeclared_feature_narrows_the_others_so_that_it_cannot_fail_for_them() -> None:
+    """torchtitan's checkpoint was probed with AdamW groups it does not take (2026-12-04): a gate
+    whose claim is an undeclared feature probes that one alone; a gate that names none probes all."""
+    from harness.candidates.impl import Impl
+    from harness.cases.case import Case, ParamSpec
+
+    probing = Impl.load(_module_level("matrices_only", "muon", features={"fully_shard"})).probing()
+    case = Case(
+        params=(ParamSpec("w", (4, 4), "bfloat16"), ParamSpec("b", (4,), use_muon=False)),
+        steps=2,
+        checkpoint_after=1,
+    )
+    assert not probing.adapt(case).narrowed
+    checkpoint = probing.probing_only({"checkpoint"})
+    assert checkpoint.probed == ("checkpoint",)
+    ran = checkpoint.adapt(case)
+    assert ran.checkpoint_after == 1
+    assert [(p.name, p.dtype) for p in ran.params] == [("w", "float32")]
+    assert "AdamW parameters ['b'] left out (adamw not declared)" in ran.narrowed
+    layouts = probing.probing_only({"tp"})
+    assert set(layouts.probed) == {"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"}
+    assert "checkpoint" not in layouts.features
+    assert probing.probing_only({"cpu"}) is probing
+
+
+MATRICES_ONLY = """
+from distributed_impl import ShardedMuon
+from harness.candidates import Candidate
+
+@Candidate(features={"fully_shard", "bf16", "experts"})
+def matrices_only(param_groups, **settings):
+    groups = list(param_groups)
+    if not all(g.get("use_muon", True) for g in groups):
+        raise ValueError("matrices_only takes Muon groups only")
+    return ShardedMuon(groups, **settings)
+"""
+
+
+@pytest.mark.slow
+def test_the_probe_of_an_undeclared_checkpoint_runs_it_without_the_adamw_groups_the_candidate_refuses(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "matrices_only.py").write_text(MATRICES_ONLY)
+    result = _run(
+        tmp_path, "-k", "checkpoint_round_trip", "--impl", "matrices_only:matrices_only", "--probe-undeclared"
+    )
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-3000:]
+    ran = [json.loads(line) for line in (tmp_path / "report" / "results.jsonl").read_text().splitlines()]
+    cases = [r for r in ran if r["kind"] == "case" and r["gate"] == "checkpoint"]
+    assert cases and all("checkpoint after step" in r["case"] for r in cases)
+    assert any("AdamW parameters ['w1'] left out (adamw not declared)" in r.get("narrowed", ()) for r in cases)
 
 
 def _module_level(module: str, name: str, **declared: object) -> str:

@@ -100,6 +100,25 @@ class Impl:
         undeclared = sorted((FEATURES - self.features - {"fully_shard"}) | (LAYOUTS - self.layouts))
         return replace(self, features=FEATURES, layouts=LAYOUTS, probed=tuple(undeclared))
 
+    def probing_only(self, claim: set[str]) -> Impl:
+        """This probing candidate, for a gate whose claim is about ``claim`` (``require``): where
+        the claim names undeclared features or layouts, only those are probed and the other
+        undeclared ones are narrowed as without the probe, so that a probe of one (a checkpoint)
+        cannot fail for another (AdamW groups). A claim about a layout probes every undeclared
+        layout (the gate draws them all); a gate whose claim names none of them probes all."""
+        probed = set(self.probed)
+        kept = probed & claim
+        if not kept:
+            return self
+        if kept & LAYOUTS:
+            kept |= probed & LAYOUTS
+        return replace(
+            self,
+            features=(self.features - probed) | (kept & FEATURES),
+            layouts=(self.layouts - probed) | (kept & LAYOUTS),
+            probed=tuple(sorted(kept)),
+        )
+
     def judged_against(self, algorithm: Algorithm) -> Impl:
         """This candidate judged against ``algorithm`` (``--reference``), its conventions checked there."""
         if algorithm.spec == self.algorithm.spec:

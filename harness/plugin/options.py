@@ -93,7 +93,7 @@ def add_options(parser: pytest.Parser) -> None:
         default=False,
         help="run the --impl candidate on the features and layouts it does not declare too, instead of narrowing "
         "or skipping them, to see what its package does there (the matrix's probe; its verdicts are not the "
-        "candidate's contract).",
+        "candidate's contract). A gate whose claim is an undeclared feature probes that feature alone.",
     )
     group.addoption(
         "--gate-baseline",

@@ -58,8 +58,12 @@ class GateRunner:
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.stream, self.on_case)
-        self.policy = SkipPolicy(self.impl, self.against, self.device)
-        self.adapt = Adaptation(self.impl, self.kernel, self.against, self.pool.nproc)
+        self._judge(self.impl)
+
+    def _judge(self, impl: Impl | None) -> None:
+        """The candidate the running test adapts its cases to and skips for."""
+        self.policy = SkipPolicy(impl, self.against, self.device)
+        self.adapt = Adaptation(impl, self.kernel, self.against, self.pool.nproc)
 
     # -- the session and its tests ---------------------------------------------------------
     @property
@@ -85,6 +89,7 @@ class GateRunner:
         """A test starts (``path``: its file): what it writes is filed under it, as a verdict
         on ``subject`` (the candidate, which the header names, unless the test is marked ``judges``)."""
         self.nodeid, self.path, self.subject = nodeid, path, subject
+        self._judge(self.impl)
 
     def finished(self, nodeid: str, failed: bool) -> None:
         """A test ended (``ShrinkMemory.finished``)."""
@@ -96,6 +101,8 @@ class GateRunner:
 
     def require(self, gate: str, features: set[str], why: str) -> None:
         self.policy.require(gate, features, why)
+        if self.impl is not None and self.impl.probed:
+            self._judge(self.impl.probing_only(features))
 
     def algorithm_claim(self, gate: str, about: str) -> None:
         self.policy.algorithm_claim(gate, about)
