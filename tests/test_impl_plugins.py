@@ -168,7 +168,10 @@ def test_a_difference_ten_times_past_its_causes_tier_is_named_and_one_inside_it_
     settings = (("lr", 0.02), ("ns_dtype", "float32"), ("weight_decay", 0.1))
     case = Case(params=(ParamSpec("w", (8, 8)), ParamSpec("a", (8, 8), use_muon=False)), settings=settings)
     causes = frozenset({"plain_quintic"})
-    tier = MARGIN * correct_reach(causes, tuple(sorted(settings)), "float32", "square", 1, 1.0, "cpu")[("update", 0)]
+    tier = (
+        MARGIN
+        * correct_reach(causes, tuple(sorted(settings)), "float32", "square", 1, 1.0, (8, 8), "cpu")[("update", 0)]
+    )
     assert 0 < tier < 1e-4
 
     def pieces(tensor: str, error: float, passed: bool = False) -> list[Comparison]:
