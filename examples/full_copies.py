@@ -26,7 +26,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 def _whole(t: Tensor) -> Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """``t`` whole, laid out contiguously, as DDP's replicas are: on torch 2.11, ``full_tensor``
+    of a matrix split unevenly by columns is a view of the padded gather (a ``[21, 17]`` bf16
+    matrix came back with strides ``(18, 1)``), and a package's bf16 step on such a gradient
+    rounds otherwise from the second step (optimuon: 1 to 3 ULP), which is this bridge's doing."""
+    return t.full_tensor().contiguous() if isinstance(t, DTensor) else t
 
 
 def gradient_somewhere(p: Tensor, groups: list[Any]) -> bool:

@@ -74,11 +74,12 @@ def test_muon_fsdp2_overwrites_its_momentum_buffer_with_the_update_when_nesterov
         ("pytorch_optimizer", "pytorch_optimizer", "pytorch_optimizer: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| 0.0"),
         ("keller", "muon", "keller: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| 0\n"),
         ("muon_fsdp2", "muon_fsdp2", "muon_fsdp2: a [2, 4, 4] stack against its matrices stepped one by one: max|diff| 0.000"),
+        ("emerging", "emerging_optimizers", "emerging: a [2, 4, 4] stack refused: ValueError: Only 2D parameters are supported."),
     ],
 )  # fmt: skip
 def test_what_each_muon_does_with_a_stack_of_matrices(package: str, module: str, said: str) -> None:
-    """torch refuses a 3-D parameter, pytorch-optimizer orthogonalizes its flattened view, muon-optimizer each
-    matrix, muon-fsdp2 each matrix up to its batched kernel's rounding."""
+    """torch and emerging-optimizers refuse a 3-D parameter, pytorch-optimizer orthogonalizes its flattened view,
+    muon-optimizer each matrix, muon-fsdp2 each matrix up to its batched kernel's rounding."""
     pytest.importorskip(module, reason="the peers extra: pip install -e .[peers]")
     run = _run(str(FINDINGS / "muons_on_a_3d_parameter.py"), package)
     assert run.returncode == (0 if package == "keller" else 1), run.stdout + run.stderr
@@ -175,13 +176,14 @@ def test_torchtitan_dist_muon_refuses_a_missing_gradient_and_batches_expert_stac
     assert not re.search(r"2\. stack \[2, 6, 6\]: max\|diff\| against one matrix at a time 0\n", run.stdout)
 
 
-def test_emerging_optimizers_muon_refuses_zero_steps_and_normalizes_before_casting() -> None:
+def test_emerging_optimizers_muon_refuses_zero_steps_and_bf16_and_normalizes_before_casting() -> None:
     pytest.importorskip("emerging_optimizers", reason="emerging-optimizers needs Python >= 3.12")
     run = _run(str(FINDINGS / "emerging_optimizers_muon_arithmetic.py"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1. num_ns_steps=0: ValueError: num_ns_steps must be at least 1, got 0" in run.stdout
     assert "normalized in float32, then bf16: max|diff| 0\n" in run.stdout, run.stdout
     assert not re.search(r"bf16, then normalized \(the reference\): max\|diff\| 0\n", run.stdout), run.stdout
+    assert "3. a bf16 parameter: TypeError: Input tensor x must be in float32, got torch.bfloat16" in run.stdout
 
 
 def test_gram_newton_schulz_iterates_in_float16_and_crashes_on_zero_iterations_of_a_wide_matrix() -> None:
@@ -225,3 +227,14 @@ def test_optimuon_single_device_defaults_are_other_bits_than_its_loop() -> None:
     assert run.returncode == 1, run.stdout + run.stderr
     assert "bf16 [4, 4], foreach: default != loop" in run.stdout
     assert "two float32 [7, 5], batched Newton–Schulz: default != loop" in run.stdout
+
+
+def test_a_strided_bf16_gradient_rounds_otherwise_which_is_why_the_full_copies_bridge_hands_whole_tensors_contiguous() -> (
+    None
+):
+    """The optimuon cell's 1–3 ULP on rowwise TP (torch 2.11): full_tensor's strided view there,
+    and the CPU's bf16 add(alpha) that rounds otherwise on it. The bridge now makes it contiguous."""
+    run = _torchrun("full_tensor_uneven_columns_strided.py", 2)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert re.search(r"1\. torch \S+: full_tensor of \[21, 17\] Shard\(1\): equal True", run.stdout), run.stdout
+    assert "2. bf16 mul_(0.95).add_(g, alpha=0.05), g contiguous against strided: bitwise False" in run.stdout

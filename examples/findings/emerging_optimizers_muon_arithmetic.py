@@ -13,6 +13,10 @@ Run: ``python examples/findings/emerging_optimizers_muon_arithmetic.py`` (only t
    it matches the float32-first order and not the reference's. The adapter declares only
    ``scaled_update``, which does not explain this: a convention the adapter did not declare
    (the cause gate shows it, at ``w[2, 2] float32 · world 1``), not a bug.
+3. It refuses a bf16 parameter at its first step: its momentum buffer takes the parameter's
+   dtype, and its Newton–Schulz takes float32 only (``TypeError: Input tensor x must be in
+   float32, got torch.bfloat16``). The matrix's probe of bf16, which its adapter does not
+   declare, crashed on that message. A limit of the package, stated by name.
 """
 
 import torch
@@ -47,6 +51,13 @@ def main() -> None:
     for name, first in (("normalized in float32, then bf16", True), ("bf16, then normalized (the reference)", False)):
         diff = (p.detach() - (p0 - ns(u, first))).abs().max().item()
         print(f"2. against Newton–Schulz {name}: max|diff| {diff:.3g}", flush=True)
+    half = torch.nn.Parameter(p0.bfloat16())
+    half.grad = g.bfloat16()
+    try:
+        Muon([half], lr=1.0).step()
+        print("3. a bf16 parameter: stepped", flush=True)
+    except TypeError as e:
+        print(f"3. a bf16 parameter: TypeError: {e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What Muons do with a 3-D parameter, such as a stack of experts' matrices (torch 2.13, one device).
 
 Run: ``python examples/findings/muons_on_a_3d_parameter.py PACKAGE`` with PACKAGE one of
-``torch``, ``pytorch_optimizer``, ``keller`` or ``muon_fsdp2`` (only torch and that package;
+``torch``, ``pytorch_optimizer``, ``keller``, ``muon_fsdp2`` or ``emerging`` (only torch and that package;
 exits 1 while the stack is not stepped as its matrices one by one, 0 once it is).
 
 muongate's reference steps a batch-first ``[E, m, n]`` stack as ``E`` matrices of ``[m, n]``
@@ -20,6 +20,9 @@ matrices stepped as parameters of their own.
 * ``muon_fsdp2``: a batched Newton–Schulz too, compiled, on FSDP2 parameters (here a one-rank
   mesh in this process, gloo): the stack's matrices one by one, up to the bf16 rounding of the
   batched compiled kernel (4.06e-4 here, where the flattened view is 0.0114 away).
+* ``emerging`` (NVIDIA ``emerging-optimizers`` 0.3.0, Python ≥ 3.12): its ``Muon`` refuses it
+  by name (``ValueError: Only 2D parameters are supported.``), and says in its docstring that a
+  subclass may reshape N-D parameters itself: a limit it states.
 """
 
 import sys
@@ -43,7 +46,11 @@ def optimizer(package: str, params: list[torch.nn.Parameter]) -> torch.optim.Opt
         from muon_fsdp2 import Muon as FsdpMuon
 
         return FsdpMuon([{"params": params, "use_muon": True, "lr": 0.02}])
-    raise SystemExit(f"PACKAGE must be torch, pytorch_optimizer, keller or muon_fsdp2, not {package!r}")
+    if package == "emerging":
+        from emerging_optimizers.orthogonalized_optimizers.muon import Muon as EmergingMuon
+
+        return EmergingMuon(params, lr=0.02)
+    raise SystemExit(f"PACKAGE must be torch, pytorch_optimizer, keller, muon_fsdp2 or emerging, not {package!r}")
 
 
 def sharded(package: str, params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
