@@ -219,8 +219,9 @@ def _errors(
     where = [(kind, step) for step in range(steps) for kind in KINDS]
     correct = dict.fromkeys(where, 0.0)
     wrong = {bug: dict.fromkeys(where, math.inf) for bug in bugs}
-    for i in range(samples * (1 if also is None else 2)):
-        shape = _shape(family, gen) if i < samples else also
+    shapes: list[tuple[int, int] | None] = [None] * samples + ([also] * samples if also is not None else [])
+    for fixed in shapes:
+        shape = fixed or _shape(family, gen)
         p = torch.randn(shape, generator=gen).to(device, getattr(torch, dtype))
         grads = [
             (torch.randn(shape, generator=gen) * grad_scale).to(device, getattr(torch, grad_dtype))
