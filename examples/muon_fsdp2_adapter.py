@@ -11,9 +11,13 @@ coefficients, bf16 Newton–Schulz, and its default ``rms_scale=True``, which is
 update before the lr does, so its arithmetic is not the reference's: judge it with
 ``--against self`` (itself on a one-rank mesh; its own single-device path does not run,
 ``examples/findings/muon_fsdp2_single_device.py``). It has no 2-D mesh (its TP + FSDP work
-raises ``NotImplementedError``), no 3-D parameters and no bf16 state of its own making
-(``torch.zeros_like`` of a bf16 parameter keeps bf16 momentum), so it declares neither
-layouts nor ``experts``, ``bf16`` or ``checkpoint``.
+raises ``NotImplementedError``), so it declares no layouts, nor ``checkpoint``. It takes a bf16
+parameter and keeps its momentum in it (``torch.zeros_like``), declared as ``bf16`` with the
+``bf16_momentum`` difference; and a 3-D parameter as a stack of matrices, each
+orthogonalized in one batched call (``zeropower_via_newtonschulz5`` asserts ``ndim >= 2``;
+``examples/findings/muons_on_a_3d_parameter.py muon_fsdp2``), declared as ``experts``. The
+matrix's probe of 2026-12-05 showed both: its bf16 momentum 0.0018 of its change from the
+reference's float32 one, flagged beyond the causes it then declared.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ Candidate(
         "ns_dtype": "bfloat16",
         "adjust_lr_fn": "match_rms_adamw",
     },
-    features={"adamw"},
+    features={"adamw", "bf16", "experts"},
     package="muon-fsdp2",
-    differences={"plain_quintic", "scaled_update"},
+    differences={"plain_quintic", "scaled_update", "bf16_momentum"},
 )(muon_fsdp2)
