@@ -54,6 +54,10 @@ from reports.records import Comparison
 
 CAUSES: dict[str, str] = {
     "plain_quintic": "Newton–Schulz in the plain form B = b·A + c·(A@A); X = a·X + B@X, not addmm",
+    "fused_quintic": (
+        "Newton–Schulz compiled (torch.compile): the plain form, each elementwise step (the normalization, "
+        "b·A + c·A², a·X + B@X) fused, computed in float32 and rounded to the Newton–Schulz dtype once"
+    ),
     "scaled_update": "the lr scale multiplies the orthogonalized update in its own dtype before the lr does",
     "bf16_momentum": "momentum kept in the parameter's dtype, so a bf16 parameter's update starts from bf16",
     "fp32_normalize": "the update normalized in float32 first, then cast to the Newton–Schulz dtype",
@@ -96,9 +100,34 @@ def shape_in(family: str, small: int, large: int) -> tuple[int, int]:
     return cols + 1 + large % (cols - 1), cols
 
 
+def _fused_newton_schulz(G: Tensor, group: dict[str, Any]) -> Tensor:
+    """Newton–Schulz as Inductor compiles the plain form (``fused_quintic``): the products
+    rounded to the Newton–Schulz dtype as eager ones are, but each fused elementwise kernel (the
+    norm and the division; ``b·A + c·A²``; ``a·X + B@X``) computing in float32 from its inputs and
+    rounding once, where eager rounds the norm and every product by a coefficient."""
+    schedule, safety = reference.coefficient_schedule(group["ns_coefficients"])
+    low = group["ns_dtype"]
+    X = G.to(low, copy=True)
+    tall = X.size(-2) > X.size(-1)
+    if tall:
+        X = X.mT
+    wide = X.float()
+    norm = wide.norm() * safety
+    X = (wide / (norm + group["eps"]) if group["eps_form"] == "add" else wide / norm.clamp(min=group["eps"])).to(low)
+    for i in range(group["ns_steps"]):
+        a, b, c = schedule[min(i, len(schedule) - 1)]
+        A = X @ X.mT
+        B = (b * A.float() + c * (A @ A).float()).to(low)
+        X = (a * X.float() + (B @ X).float()).to(low)
+    return X.mT if tall else X
+
+
 def _newton_schulz(G: Tensor, group: dict[str, Any], causes: frozenset[str]) -> Tensor:
     """Newton–Schulz with the group's coefficients, eps form and dtype, and the causes that
-    change it: the plain form (``plain_quintic``), the norm taken in float32 (``fp32_normalize``)."""
+    change it: the plain form (``plain_quintic``), compiled (``fused_quintic``), the norm taken
+    in float32 (``fp32_normalize``)."""
+    if "fused_quintic" in causes:
+        return _fused_newton_schulz(G, group)
     schedule, safety = reference.coefficient_schedule(group["ns_coefficients"])
     normalize_first = "fp32_normalize" in causes
     X = G.to(torch.float32 if normalize_first else group["ns_dtype"], copy=True)
@@ -144,7 +173,7 @@ def trajectory(
     rows, cols = p.shape
     scale = reference.lr_scale((max(1, rows // 2) if bug == "half_rows_lr" else rows, cols), group["adjust_lr_fn"])
     settings = {**group, "ns_steps": group["ns_steps"] - (bug == "one_iteration_fewer")}
-    changed = causes & {"plain_quintic", "fp32_normalize"}
+    changed = causes & {"plain_quintic", "fused_quintic", "fp32_normalize"}
     after = p.clone()
     out = []
     for g in grads:
@@ -344,14 +373,16 @@ def beyond_causes(causes: frozenset[str], case: Case, comparisons: Iterable[Comp
     setting. The tier is ``MARGIN`` times how far the causes alone move the tensor at the case's
     own settings and shape (``correct_reach``), at least ``FLOOR``; a tensor's error is its difference over
     the reference's change since the start, each summed over the ranks' pieces
-    (``Comparison.diff_norm``, ``change_norm``). Judged: the Muon group's matrices with a
-    gradient at every step, and their momentum buffers, against the reference; a bf16 matrix's
+    (``Comparison.diff_norm``, ``change_norm``). Judged: the Muon group's matrices and 3-D stacks
+    with a gradient at every step, and their momentum buffers, against the reference (a stack at
+    its matrices' tier: the reference steps each on its own, and the stack's error is at most its
+    worst matrix's); a bf16 matrix's
     buffer only (at the gates' learning rates its weight moves by a few rounding steps, and
     ``torch.optim.Muon``, correct, lay up to 2.7× its change away on 33 of 1,000 drawn cases);
     not under a ``--kernel`` (the causes are emulated on the reference's Newton–Schulz)."""
     if not causes or case.kernel is not None:
         return []
-    specs = {s.name: s for s in case.params if s.use_muon and len(s.shape) == 2 and s.grad == "normal"}
+    specs = {s.name: s for s in case.params if s.use_muon and len(s.shape) in (2, 3) and s.grad == "normal"}
     sums: dict[tuple[str, str, int], list[float]] = {}
     failed: set[tuple[str, str, int]] = set()
     for c in comparisons:
@@ -374,10 +405,11 @@ def beyond_causes(causes: frozenset[str], case: Case, comparisons: Iterable[Comp
         if (name, kind, step) not in failed or change == 0.0:
             continue
         spec = specs[name]
-        family = family_of(spec.shape)
-        reach = correct_reach(
-            causes, settings, spec.dtype, family, case.steps, spec.grad_scale, (spec.shape[0], spec.shape[1]), device
-        )[(kind, step)]
+        rows, cols = spec.shape[-2:]
+        family = family_of((rows, cols))
+        reach = correct_reach(causes, settings, spec.dtype, family, case.steps, spec.grad_scale, (rows, cols), device)[
+            (kind, step)
+        ]
         bound = BEYOND * MARGIN * max(reach, FLOOR)
         error = math.sqrt(diff / change)
         if error > bound:
