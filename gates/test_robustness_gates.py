@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from gates.negative_controls import ROBUSTNESS_CONTROLS
 from harness.algorithms import MUON, Algorithm
+from harness.candidates import MISSING_GRADS
 from harness.cases import Case, ParamSpec, matrix_shapes, settings_of
 from harness.cases.case import DType
 from harness.runner import robust_finding
@@ -86,6 +87,8 @@ def _scenario(draw: st.DrawFn, name: str) -> Case:
 
 
 SCENARIOS = sorted(ROBUSTNESS_CONTROLS)
+#: the scenarios whose point is a gradient missing on some step or some rank
+_MISSING_GRADIENT = ("muon-parameter-without-gradient", "rank-asymmetric-gradient", "step-without-any-gradient")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -100,6 +103,8 @@ def test_sharded_muon_withstands_what_breaks_distributed_muons(gate_runner: Any,
         pytest.skip(f"robust:{scenario}: a gradient on some ranks only has no single-device meaning here: {why}")
     if scenario == "mixed-shapes-and-dtypes":
         gate_runner.require(f"robust:{scenario}", {"bf16"}, "its claim is a group of float32 and bf16 matrices")
+    if scenario in _MISSING_GRADIENT:
+        gate_runner.require(f"robust:{scenario}", {MISSING_GRADS}, "its claim is a gradient missing")
     gate_runner.withstands(f"robust:{scenario}", data.draw(_scenario(scenario)))
 
 

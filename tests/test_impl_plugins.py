@@ -156,6 +156,23 @@ def test_normalizing_in_float32_first_is_a_cause_only_where_newton_schulz_runs_i
     assert (bf16[("update", 0)].max_rel_fro or 0) > MARGIN * FLOOR
 
 
+def test_a_compiled_newton_schulz_is_a_cause_even_with_no_iteration_left() -> None:
+    """dtensor-muon's compiled quintic, declared as the eager plain form, was flagged beyond its
+    causes at ``ns_steps=0`` on the H200 (0.00069 to 0.0039 of the update): Inductor keeps the
+    norm in float32 where eager rounds it to bf16, which no iteration of the plain form explains.
+    The fused emulation has its own reach there; the plain form's is the floor."""
+    from harness.causes import FLOOR, MARGIN, cause_tiers
+
+    at_zero = (("lr", 1.0), ("ns_dtype", "bfloat16"), ("ns_steps", 0))
+    plain = cause_tiers(frozenset({"plain_quintic"}), at_zero, "float32", "square")
+    fused = cause_tiers(frozenset({"fused_quintic"}), at_zero, "float32", "square")
+    assert plain[("update", 0)].max_rel_fro == MARGIN * FLOOR
+    assert (fused[("update", 0)].max_rel_fro or 0) > 1e-3
+    # separable where it iterates too, and it changes no momentum
+    five = cause_tiers(frozenset({"fused_quintic"}), (("lr", 1.0), ("ns_dtype", "bfloat16")), "float32", "tall")
+    assert five[("momentum_buffer", 0)].max_rel_fro == MARGIN * FLOOR
+
+
 def test_a_difference_ten_times_past_its_causes_tier_is_named_and_one_inside_it_is_not() -> None:
     """Set against the reference's change since the start, summed over the ranks' pieces: a
     float32 Newton–Schulz's plain quintic moves an update by about 1e-7 of itself; 1e-2 is a
@@ -187,6 +204,11 @@ def test_a_difference_ten_times_past_its_causes_tier_is_named_and_one_inside_it_
     assert beyond_causes(causes, case, pieces("w", 1.0, passed=True), "cpu") == []
     assert beyond_causes(causes, case, pieces("a", 1.0) + pieces("w.second_moment", 1.0), "cpu") == []
     assert beyond_causes(frozenset(), case, pieces("w", 1.0), "cpu") == []
+    # a stack of experts' matrices at its matrices' tier (dtensor-muon's flattened stacks: 2026-12-05)
+    stacked = Case(params=(ParamSpec("experts", (2, 8, 8)),), settings=settings)
+    (line,) = beyond_causes(causes, stacked, pieces("experts", 20 * BEYOND * tier), "cpu")
+    assert line.startswith("experts.update step 0: ") and "square)" in line
+    assert beyond_causes(causes, stacked, pieces("experts", BEYOND * tier / 2), "cpu") == []
 
 
 @pytest.mark.slow
@@ -337,6 +359,37 @@ def test_a_probe_of_one_undeclared_feature_narrows_the_others_so_that_it_cannot_
     assert probing.probing_only({"cpu"}) is probing
 
 
+def test_a_candidate_that_needs_every_gradient_gets_one_on_every_step_and_the_probe_takes_them_away() -> None:
+    """torchtitan's DistMuon refuses a step while a gradient is missing, by its contract: its
+    checkpoint probe of 2026-12-05 crashed on that refusal before the round trip was reached."""
+    from harness.candidates import LAYOUTS, MISSING_GRADS
+    from harness.candidates.impl import Impl
+    from harness.cases.case import Case, ParamSpec
+
+    impl = Impl.load(_module_level("every_grad", "muon", needs_every_grad=True, layouts=LAYOUTS))
+    case = Case(
+        params=(ParamSpec("w", (4, 4)), ParamSpec("idle", (4, 4), grad="none"), ParamSpec("u", (4, 4), grad="late")),
+        steps=2,
+        checkpoint_after=1,
+    )
+    ran = impl.adapt(case)
+    assert [p.grad for p in ran.params] == ["normal"] * 3
+    assert "idle grad=none → a gradient on every step (needs_every_grad)" in ran.narrowed
+    assert impl.missing({MISSING_GRADS, "checkpoint"}) == [MISSING_GRADS]
+    probing = impl.probing()
+    assert probing.probed == (MISSING_GRADS,)
+    assert [p.grad for p in probing.adapt(case).params] == ["normal", "none", "late"]
+    checkpoint = probing.probing_only({"checkpoint"})
+    assert checkpoint is probing  # declared: nothing of the claim is probed, so all is
+    only_missing = Impl.load(
+        _module_level("every_grad_no_ckpt", "muon", features={"fully_shard"}, needs_every_grad=True)
+    )
+    narrowed = only_missing.probing().probing_only({"checkpoint"})
+    assert narrowed.probed == ("checkpoint",) and narrowed.needs_every_grad
+    assert [p.grad for p in narrowed.adapt(case).params] == ["normal"] * 3
+    assert not Impl.load(_module_level("any_grad", "muon")).missing({MISSING_GRADS})
+
+
 MATRICES_ONLY = """
 from distributed_impl import ShardedMuon
 from harness.candidates import Candidate
@@ -363,6 +416,45 @@ def test_the_probe_of_an_undeclared_checkpoint_runs_it_without_the_adamw_groups_
     cases = [r for r in ran if r["kind"] == "case" and r["gate"] == "checkpoint"]
     assert cases and all("checkpoint after step" in r["case"] for r in cases)
     assert any("AdamW parameters ['w1'] left out (adamw not declared)" in r.get("narrowed", ()) for r in cases)
+
+
+EVERY_GRAD = """
+from distributed_impl import ShardedMuon
+from harness.candidates import Candidate
+
+@Candidate(needs_every_grad=True)
+def every_grad(param_groups, **settings):
+    for group in param_groups:
+        group["params"] = list(group["params"])
+    optimizer = ShardedMuon(param_groups, **settings)
+    step = optimizer.step
+
+    def refusing(closure=None):
+        missing = [p for g in param_groups for p in g["params"] if p.grad is None]
+        if missing:
+            raise RuntimeError(f"every_grad needs every gradient; {len(missing)} missing")
+        return step(closure)
+
+    optimizer.step = refusing
+    return optimizer
+"""
+
+
+@pytest.mark.slow
+def test_a_candidate_that_refuses_a_missing_gradient_by_its_contract_is_judged_on_the_rest(tmp_path: Path) -> None:
+    """It is stepped with every gradient, the narrowing shown; the gates whose claim is a missing
+    gradient skip, naming the declaration, and ``--probe-undeclared`` runs them into its refusal."""
+    (tmp_path / "every_grad.py").write_text(EVERY_GRAD)
+    k = ("-k", "several_steps or muon-parameter-without-gradient", "--impl", "every_grad:every_grad")
+    result = _run(tmp_path, *k)
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-3000:]
+    report = (tmp_path / "report" / "equivalence.md").read_text()
+    assert "declares needs_every_grad (a gradient for every parameter)" in report, report[-3000:]
+    ran = [json.loads(line) for line in (tmp_path / "report" / "results.jsonl").read_text().splitlines()]
+    narrowed = [n for r in ran if r["kind"] == "case" for n in r.get("narrowed", ())]
+    assert any(n.endswith("→ a gradient on every step (needs_every_grad)") for n in narrowed), narrowed
+    probed = _run(tmp_path, *k, "--probe-undeclared")
+    assert "every_grad needs every gradient" in probed.stdout, probed.stdout[-3000:]
 
 
 def _module_level(module: str, name: str, **declared: object) -> str:

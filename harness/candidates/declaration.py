@@ -24,7 +24,12 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     which of ``adamw`` (Muon's AdamW groups), ``experts`` (3-D parameters), ``bf16``,
     ``checkpoint``, ``fully_shard`` (with ``shard`` only) it supports; default all. Cases are
     narrowed to them and every narrowing is reported. A parameter without a gradient is not a
-    feature: every candidate meets one.
+    feature: every candidate meets one, unless it declares ``needs_every_grad``.
+``needs_every_grad``
+    ``True`` where its package refuses, by its stated contract, a step while any parameter's
+    gradient is missing (torchtitan's ``DistMuon``); default ``False``. Cases then give every
+    parameter a gradient on every step and every rank, each such narrowing reported; the gates
+    whose claim is a missing gradient skip, naming it; ``--probe-undeclared`` tries them anyway.
 ``layouts``
     the layouts beyond FSDP2's 1-D ``(Shard(0),)`` it takes: ``hsdp``, ``tp``, ``fsdp_tp``,
     ``hsdp_tp``, ``ep_efsdp``; default none. Cases of others are narrowed to FSDP2 alone.
@@ -109,6 +114,7 @@ class Candidate:
     devices: Iterable[str] = DEVICES
     max_world: int | None = None
     min_ns_steps: int = 0
+    needs_every_grad: bool = False
     default_group: bool = False
     shard: Callable[..., Any] | None = None
     piece: Callable[..., Any] | None = None
@@ -130,6 +136,8 @@ class Candidate:
             raise ValueError(f"Candidate max_world={self.max_world!r}: a whole number of ranks ≥ 1, or None for any")
         if not (isinstance(self.min_ns_steps, int) and self.min_ns_steps >= 0):
             raise ValueError(f"Candidate min_ns_steps={self.min_ns_steps!r}: a whole number ≥ 0")
+        if not isinstance(self.needs_every_grad, bool):
+            raise ValueError(f"Candidate needs_every_grad={self.needs_every_grad!r}: True or False")
         for name in ("shard", "piece", "single_device"):
             value = getattr(self, name)
             if value is not None and not callable(value):

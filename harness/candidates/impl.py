@@ -20,6 +20,11 @@ from harness.candidates.declaration import DEVICES, FEATURES, LAYOUTS, TIERS, de
 from harness.candidates.loading import load_callable
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
 
+#: what a candidate that declares ``needs_every_grad`` does not take, named as the features are
+#: (``missing``, ``probed``): a parameter without a gradient on some step or some rank
+MISSING_GRADS = "missing_grads"
+_MISSING_KINDS = ("none", "every_other", "late", "rank_asymmetric")
+
 
 class UnsupportedConvention(Exception):
     """The candidate declares a convention the reference cannot express."""
@@ -60,6 +65,8 @@ class Impl:
     declares_reference: bool = False
     #: the features and layouts it did not declare and runs anyway (``probing``)
     probed: tuple[str, ...] = ()
+    #: it refuses a step with a gradient missing (``Candidate.needs_every_grad``)
+    needs_every_grad: bool = False
 
     @classmethod
     def load(cls, spec: str) -> Impl:
@@ -92,13 +99,17 @@ class Impl:
             declared.min_ns_steps,
             algorithm,
             declared.reference is not None,
+            needs_every_grad=declared.needs_every_grad,
         )
 
     def probing(self) -> Impl:
         """This candidate run on every feature and layout, those it did not declare too
         (``--probe-undeclared``): what its package does there, never narrowed away."""
-        undeclared = sorted((FEATURES - self.features - {"fully_shard"}) | (LAYOUTS - self.layouts))
-        return replace(self, features=FEATURES, layouts=LAYOUTS, probed=tuple(undeclared))
+        undeclared = (FEATURES - self.features - {"fully_shard"}) | (LAYOUTS - self.layouts)
+        undeclared |= {MISSING_GRADS} if self.needs_every_grad else set()
+        return replace(
+            self, features=FEATURES, layouts=LAYOUTS, probed=tuple(sorted(undeclared)), needs_every_grad=False
+        )
 
     def probing_only(self, claim: set[str]) -> Impl:
         """This probing candidate, for a gate whose claim is about ``claim`` (``require``): where
@@ -117,6 +128,7 @@ class Impl:
             features=(self.features - probed) | (kept & FEATURES),
             layouts=(self.layouts - probed) | (kept & LAYOUTS),
             probed=tuple(sorted(kept)),
+            needs_every_grad=MISSING_GRADS in probed - kept,
         )
 
     def judged_against(self, algorithm: Algorithm) -> Impl:
@@ -202,12 +214,15 @@ class Impl:
         return names.get(case.layout, case.layout)
 
     def missing(self, features: set[str]) -> list[str]:
-        """Which of ``features``, layouts, tiers, devices and ``"world"`` (more than one rank) this candidate did not declare."""
+        """Which of ``features``, layouts, tiers, devices, ``"world"`` (more than one rank) and
+        ``MISSING_GRADS`` (where it declares ``needs_every_grad``) this candidate did not declare."""
         declared = self.features if self.own_sharding else self.features | {"fully_shard"}
         gone = sorted(features & FEATURES - declared) + sorted(features & LAYOUTS - self.layouts)
         gone += sorted(features & TIERS - self.tiers) + sorted(features & DEVICES - self.devices)
         if "world" in features and self.max_world is not None and self.max_world < 2:
             gone.append("world")
+        if MISSING_GRADS in features and self.needs_every_grad:
+            gone.append(MISSING_GRADS)
         return gone
 
     def adapt_training(self, spec: Any) -> Any:
@@ -243,4 +258,7 @@ class Impl:
         if p.dtype == "bfloat16" and "bf16" not in self.features:
             notes.append(f"{p.name} bfloat16 → float32 (bf16 not declared)")
             p = p._replace(dtype="float32")
+        if p.grad in _MISSING_KINDS and self.needs_every_grad:
+            notes.append(f"{p.name} grad={p.grad} → a gradient on every step (needs_every_grad)")
+            p = p._replace(grad="normal")
         return p

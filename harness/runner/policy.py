@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from harness.candidates import Impl
+from harness.candidates import MISSING_GRADS, Impl
 from harness.runner.adapt import SELF_JUDGED
 
 #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's own ``shard``)
@@ -43,8 +43,10 @@ class SkipPolicy:
         missing = self.impl.missing(features) if self.impl else []
         if missing:
             assert self.impl is not None
-            shown = ", ".join("more than one rank" if m == "world" else m for m in missing)
-            pytest.skip(f"{gate}: not run: {why}, and {self.impl.spec} does not declare {shown}")
+            undeclared = ["more than one rank" if m == "world" else m for m in missing if m != MISSING_GRADS]
+            said = [f"does not declare {', '.join(undeclared)}"] if undeclared else []
+            said += ["declares needs_every_grad (a gradient for every parameter)"] if MISSING_GRADS in missing else []
+            pytest.skip(f"{gate}: not run: {why}, and {self.impl.spec} {' and '.join(said)}")
 
     def reference_only(self, gate: str) -> None:
         """Skips under ``--against self``: the test can only compare with the reference."""
