@@ -9,12 +9,20 @@ Triton kernel of its own (``kernels/gram.py``, imported unconditionally), so it 
 and torch ≥ 2.12.1; CPU CI has Python 3.11 and no triton, the GPU machine torch 2.11.
 
 The adapter turns off what is not Muon (``use_cautious_wd=False``) and picks the classic
-iteration (``orthogonalization_strategy="newton_schulz"``: Keller's coefficients). Declared
+iteration (``orthogonalization_strategy="newton_schulz"``: Keller's coefficients). A 3-D
+parameter it takes two ways: by default (``flatten=True``) as the one matrix ``[E, m·n]``,
+momentum of that shape included; with ``flatten=False`` as a stack of ``E`` matrices, each
+orthogonalized and lr-scaled on its own, which is what the reference and ``experts`` mean, so
+the adapter passes ``flatten=False`` (the default's 3-D cells on the H200, 2026-12-05: the
+momentum buffer ``[2, 470]`` for a ``[2, 47, 10]`` stack, the weight up to 1.06 away at lr 0.5). Declared
 as its source has them: momentum as a sum (``buf·μ + g``), ``eps`` 1e-7 added to the norm, bf16
-Newton–Schulz, the ``original`` lr scale, float32 momentum. Its quintic is the plain form
-with a Triton Gram (declared as ``plain_quintic``, the nearest known cause: the cause gate
-shows whether that explains it), and its weight decay is added to the update, so scaled by
-the lr scale as well (``p − lr·scale·(u + wd·p)``); the reference expresses neither.
+Newton–Schulz, the ``original`` lr scale, float32 momentum. Its quintic is the plain form,
+compiled (``torch.compile``) with a Triton Gram: declared as ``fused_quintic``, since Inductor
+computes each fused elementwise step in float32 and rounds it once (on the H200 the
+normalization alone, at ``ns_steps=0``, was 0.00069 to 0.0039 of the update from the eager
+plain form's, 10 times past its tier, before this was declared). Its weight decay is added to
+the update, so scaled by the lr scale as well (``p − lr·scale·(u + wd·p)``); the reference
+expresses neither.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ def dtensor_muon(param_groups: list[dict[str, Any]], **settings: Any) -> Muon:
     groups = []
     for g in param_groups:
         if g["use_muon"]:
-            groups.append({"params": list(g["params"]), "algorithm": "muon"})
+            groups.append({"params": list(g["params"]), "algorithm": "muon", "flatten": False})
         else:
             groups.append({"params": list(g["params"]), "algorithm": "adamw", "lr": settings["adamw_lr"],
                            "wd": settings["adamw_weight_decay"], "betas": settings["adamw_betas"],
@@ -60,5 +68,5 @@ Candidate(
     layouts={"hsdp", "tp", "fsdp_tp", "hsdp_tp"},
     devices={"cuda"},
     package="dtensor-muon",
-    differences={"plain_quintic"},
+    differences={"fused_quintic"},
 )(dtensor_muon)

@@ -158,13 +158,24 @@ def _on_a_gpu_with(package: str) -> None:
     pytest.importorskip(package, reason=f"{package} installed with --no-deps")
 
 
-def test_dtensor_muon_differs_by_its_triton_plain_form_and_scales_weight_decay_with_the_update() -> None:
+def test_dtensor_muon_differs_by_its_compiled_plain_form_and_scales_weight_decay_with_the_update() -> None:
     _on_a_gpu_with("dtensor_muon")
     run = _run(str(FINDINGS / "dtensor_muon_arithmetic.py"))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert re.search(r"\[4, 4\] step against the addmm form: max\|diff\| [1-9]", run.stdout), run.stdout
+    addmm = re.search(r"5 iterations, against the addmm form: max\|diff\| (\S+)", run.stdout)
+    assert addmm is not None and float(addmm[1]) > 0, run.stdout
+    assert "0 iterations, against the plain form, fused: max|diff| 0\n" in run.stdout, run.stdout
     decay = re.search(r"wd 0.1 makes: (\S+); decoupled decay would make (\S+)", run.stdout)
     assert decay is not None and float(decay[1]) > 1.9 * float(decay[2]), run.stdout
+
+
+def test_dtensor_muon_loads_a_bf16_parameters_float32_momentum_back_as_bf16() -> None:
+    _on_a_gpu_with("dtensor_muon")
+    run = _run(str(FINDINGS / "dtensor_muon_checkpoint_bf16_momentum.py"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "torch.float32 before the checkpoint, torch.bfloat16 after load_state_dict" in run.stdout, run.stdout
+    moved = re.search(r"momentum_buffer max\|diff\| (\S+) \(dtype torch.bfloat16\)", run.stdout)
+    assert moved is not None and float(moved[1]) > 0, run.stdout
 
 
 def test_torchtitan_dist_muon_refuses_a_missing_gradient_and_batches_expert_stacks() -> None:
