@@ -18,7 +18,9 @@ one); exactly one parameter
 group (no AdamW: torchtitan steps those with another optimizer); momentum kept in the
 gradient's dtype (so no ``bf16`` of muongate's float32 kind); 3-D expert stacks, which it
 orthogonalizes in one batched product per stack (its docstring says batched kernels need
-not be bitwise one-by-one Muon); FSDP2's own parameters (``fully_shard``). It needs one CUDA
+not be bitwise one-by-one Muon); FSDP2's own parameters (``fully_shard``); checkpoints (its
+``load_state_dict`` post-hook re-plans its redistributions after a load). It refuses a step while any
+configured gradient is missing, as its docstring states (``needs_every_grad``). It needs one CUDA
 device per process (``_validate_parameter_storage``), so it declares ``cuda`` only: on CPU
 every gate skips, naming that.
 
@@ -66,7 +68,10 @@ def shard_as_torchtitan(module: nn.Module, mesh: DeviceMesh) -> None:
 
 def dist_muon(param_groups: list[dict[str, Any]], **settings: Any) -> Any:
     flex = _flex_shard()
-    (group,) = param_groups  # one group: AdamW is not declared, so the harness sends none
+    adamw = [name for g in param_groups if not g.get("use_muon", True) for name in g["param_names"]]
+    if adamw:  # sent only by --probe-undeclared: adamw is not declared
+        raise ValueError(f"torchtitan's DistMuon steps Muon matrices only; torchtitan steps {adamw} with AdamW")
+    (group,) = param_groups
     layouts = {
         name: flex.ComputeLayout(shardings_by_mesh_axis={AXIS: flex.Owned() if p.ndim == 2 else Shard(0)})
         for name, p in zip(group["param_names"], group["params"], strict=True)
@@ -94,7 +99,8 @@ Candidate(
         "ns_dtype": "bfloat16",
         "adjust_lr_fn": "original",
     },
-    features={"experts", "fully_shard"},
+    features={"experts", "fully_shard", "checkpoint"},
+    needs_every_grad=True,
     devices={"cuda"},
     package="torchtitan",
 )(dist_muon)
