@@ -4,10 +4,12 @@ muongate's own gather–orthogonalize–scatter against the reference's rows."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import reference
@@ -21,6 +23,39 @@ from harness.tasks.result import TaskResult
 from harness.tasks.sides import by_name, candidate_side, kernel_of, only_reference
 
 
+@dataclass
+class _Sides:
+    """The reference on the case's whole weights and the candidate on the case's layout, with
+    the parameters by name: what the update and cause tasks both step."""
+
+    tensors: list[Tensor]
+    ref: torch.optim.Optimizer
+    ref_by_name: dict[str, Tensor]
+    mesh: DeviceMesh
+    opt: torch.optim.Optimizer
+    params: dict[str, Tensor]
+
+    @classmethod
+    def of(cls, ctx: RankContext, case: Case) -> _Sides:
+        device = torch.device(ctx.device)
+        tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
+        ref = only_reference(case, tensors)
+        mesh = mesh_for(ctx, case.mesh, layout=case.layout)
+        model = build_model(case, tensors, mesh)
+        opt = candidate_side(case, model)
+        params = {s.name: case_param(model, s.name) for s in case.params}
+        return cls(tensors, ref, by_name(ref), mesh, opt, params)
+
+    def step(self, case: Case, step: int) -> None:
+        """Both sides' step ``step``, each parameter given the case's gradient (the candidate its piece)."""
+        for i, spec in enumerate(case.params):
+            g = cast(Tensor, gradient(spec, case.seed, i, step)).to(self.tensors[i].device)
+            self.ref_by_name[spec.name].grad = g
+            self.params[spec.name].grad = shard_like(g, self.params[spec.name])
+        self.ref.step()
+        self.opt.step()
+
+
 def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
     """One step from the case's weights; the update the candidate applied (new minus old
     weights, float32), gathered whole (DTensor's ``full_tensor``, or a candidate's own pieces
@@ -31,21 +66,10 @@ def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
     tier judges the orthogonalization itself."""
     from harness.compare import GRAM_PARTIAL
 
-    device = torch.device(ctx.device)
-    tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
-    ref = only_reference(case, tensors)
-    ref_by_name = by_name(ref)
-    mesh = mesh_for(ctx, case.mesh, layout=case.layout)
-    model = build_model(case, tensors, mesh)
-    opt = candidate_side(case, model)
-    params = {s.name: case_param(model, s.name) for s in case.params}
+    sides = _Sides.of(ctx, case)
+    tensors, ref_by_name, mesh, params = sides.tensors, sides.ref_by_name, sides.mesh, sides.params
     before = {name: local_of(p).float().clone() for name, p in params.items()}
-    for i, spec in enumerate(case.params):
-        g = cast(Tensor, gradient(spec, case.seed, i, 0)).to(device)
-        ref_by_name[spec.name].grad = g
-        params[spec.name].grad = shard_like(g, params[spec.name])
-    ref.step()
-    opt.step()
+    sides.step(case, 0)
     tier = case.tier or GRAM_PARTIAL[str(case.settings_dict().get("ns_dtype", torch.bfloat16)).removeprefix("torch.")]
     records = []
     for t, spec in zip(tensors, case.params, strict=True):
@@ -64,23 +88,12 @@ def run_cause_case(ctx: RankContext, case: Case) -> TaskResult:
     DTensor's ``full_tensor`` or ``whole``) and its momentum buffer, where the candidate keeps
     one, each in the case's tier for that tensor and step (``harness.causes.cause_tiers``:
     ``case.tier[(kind, step)]``). Every rank joins each gather."""
-    device = torch.device(ctx.device)
-    tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
-    ref = only_reference(case, tensors)
-    ref_by_name = by_name(ref)
-    mesh = mesh_for(ctx, case.mesh, layout=case.layout)
-    model = build_model(case, tensors, mesh)
-    opt = candidate_side(case, model)
-    params = {s.name: case_param(model, s.name) for s in case.params}
-    group = mesh.get_group() if mesh.ndim == 1 else None
+    sides = _Sides.of(ctx, case)
+    tensors, ref, ref_by_name, opt, params = sides.tensors, sides.ref, sides.ref_by_name, sides.opt, sides.params
+    group = sides.mesh.get_group() if sides.mesh.ndim == 1 else None
     records = []
     for step in range(case.steps):
-        for i, spec in enumerate(case.params):
-            g = cast(Tensor, gradient(spec, case.seed, i, step)).to(device)
-            ref_by_name[spec.name].grad = g
-            params[spec.name].grad = shard_like(g, params[spec.name])
-        ref.step()
-        opt.step()
+        sides.step(case, step)
         for t, spec in zip(tensors, case.params, strict=True):
             p = params[spec.name]
             moved = whole_of_piece(local_of(p).float(), p, spec.shape, group) - t.float()
