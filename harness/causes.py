@@ -100,47 +100,32 @@ def shape_in(family: str, small: int, large: int) -> tuple[int, int]:
     return cols + 1 + large % (cols - 1), cols
 
 
-def _fused_newton_schulz(G: Tensor, group: dict[str, Any]) -> Tensor:
-    """Newton–Schulz as Inductor compiles the plain form (``fused_quintic``): the products
-    rounded to the Newton–Schulz dtype as eager ones are, but each fused elementwise kernel (the
-    norm and the division; ``b·A + c·A²``; ``a·X + B@X``) computing in float32 from its inputs and
-    rounding once, where eager rounds the norm and every product by a coefficient."""
-    schedule, safety = reference.coefficient_schedule(group["ns_coefficients"])
-    low = group["ns_dtype"]
-    X = G.to(low, copy=True)
-    tall = X.size(-2) > X.size(-1)
-    if tall:
-        X = X.mT
-    wide = X.float()
-    norm = wide.norm() * safety
-    X = (wide / (norm + group["eps"]) if group["eps_form"] == "add" else wide / norm.clamp(min=group["eps"])).to(low)
-    for i in range(group["ns_steps"]):
-        a, b, c = schedule[min(i, len(schedule) - 1)]
-        A = X @ X.mT
-        B = (b * A.float() + c * (A @ A).float()).to(low)
-        X = (a * X.float() + (B @ X).float()).to(low)
-    return X.mT if tall else X
-
-
 def _newton_schulz(G: Tensor, group: dict[str, Any], causes: frozenset[str]) -> Tensor:
     """Newton–Schulz with the group's coefficients, eps form and dtype, and the causes that
-    change it: the plain form (``plain_quintic``), compiled (``fused_quintic``), the norm taken
-    in float32 (``fp32_normalize``)."""
-    if "fused_quintic" in causes:
-        return _fused_newton_schulz(G, group)
+    change it: the plain form (``plain_quintic``); the norm taken in float32
+    (``fp32_normalize``); the plain form as Inductor compiles it (``fused_quintic``), the
+    products rounded to the Newton–Schulz dtype as eager ones are, but each fused elementwise
+    kernel (the norm and the division of the rounded input; ``b·A + c·A²``; ``a·X + B@X``)
+    computing in float32 and rounding once, where eager rounds the norm and every product by a
+    coefficient."""
     schedule, safety = reference.coefficient_schedule(group["ns_coefficients"])
-    normalize_first = "fp32_normalize" in causes
-    X = G.to(torch.float32 if normalize_first else group["ns_dtype"], copy=True)
+    low = group["ns_dtype"]
+    fused = "fused_quintic" in causes
+    start = G.to(low) if fused else G  # the compiled kernel normalizes the rounded input, in float32
+    X = start.to(torch.float32 if fused or "fp32_normalize" in causes else low, copy=True)
     tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT
     norm = X.norm() * safety
     X = X / (norm + group["eps"]) if group["eps_form"] == "add" else X / norm.clamp(min=group["eps"])
-    X = X.to(group["ns_dtype"])
+    X = X.to(low)
     for i in range(group["ns_steps"]):
         a, b, c = schedule[min(i, len(schedule) - 1)]
         A = X @ X.mT
-        if "plain_quintic" in causes:
+        if fused:
+            B = (b * A.float() + c * (A @ A).float()).to(low)
+            X = (a * X.float() + (B @ X).float()).to(low)
+        elif "plain_quintic" in causes:
             X = a * X + (b * A + c * (A @ A)) @ X
         else:
             X = torch.addmm(X, torch.addmm(A, A, A, beta=b, alpha=c), X, beta=a)
