@@ -16,7 +16,10 @@ from zygote import Zygote
 PROBE = """
 import atexit, json, os, sys, threading, time
 
-def late():
+printed = threading.Event()
+
+def late():  # still running when the main thread exits: the interpreter must wait for it
+    printed.wait()
     time.sleep(0.2)
     print("the thread finished", flush=True)
 
@@ -26,7 +29,8 @@ print(json.dumps({
     "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(), "main": __name__,
     "env": {k: v for k, v in os.environ.items() if k.startswith("MUONGATE_PROBE") or k == "PYTHONPATH"},
     "muongate imported": sorted({"harness", "gates", "reference", "reports"} & set(sys.modules)),
-}))
+}), flush=True)
+printed.set()
 print("to stderr", file=sys.stderr)
 sys.exit(int(sys.argv[-1]))
 """
