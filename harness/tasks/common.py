@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from harness.algorithms import reference_of
+from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
 from harness.ranks import RankContext
 from reports.records import Comparison
@@ -26,6 +28,17 @@ def factory_of(candidate: Any) -> Factory:
 
         return ShardedMuon
     return candidate  # type: ignore[no-any-return]
+
+
+def candidate_keywords(held: Any) -> dict[str, Any]:
+    """Every keyword a candidate factory is called with, in every task: each of the reference's
+    ``DEFAULTS`` (``harness.algorithms``), overridden by ``held.settings`` (a ``Case``'s or a
+    training spec's drawn and declared settings, ``ns_dtype`` as a ``torch.dtype``). The one
+    place they are made, so that no gate hands a candidate written to the contract ("every
+    keyword of the reference") fewer. ``use_muon`` is left out: it is each param group's own
+    key, which the groups carry, not a setting of the optimizer."""
+    settings = {**reference_of(held).defaults, **optimizer_settings(held.settings)}
+    return {k: v for k, v in settings.items() if k != "use_muon"}
 
 
 #: a mesh's dim names by layout family (``harness.cases.Case.layout``); others: ``shard``

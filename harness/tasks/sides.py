@@ -17,7 +17,7 @@ from harness.candidates.declaration import declaration_of
 from harness.candidates.kernel import orthogonalizer
 from harness.cases.case import Case
 from harness.ranks import RankContext
-from harness.tasks.common import compare_params_and_state, factory_of, param_groups
+from harness.tasks.common import candidate_keywords, compare_params_and_state, factory_of, param_groups
 from harness.tasks.layouts import build_model, case_param
 from reports.records import Comparison
 
@@ -67,10 +67,9 @@ def by_name(ref: torch.optim.Optimizer | None) -> dict[str, Tensor]:
 
 def candidate_side(case: Case, model: nn.Module, factory: Any = None) -> torch.optim.Optimizer:
     """The case's candidate (or ``factory``) on ``model``'s parameters, with every reference
-    setting, defaults included: a plug-in gets the whole configuration."""
+    setting, defaults included (``candidate_keywords``): a plug-in gets the whole configuration."""
     params = [case_param(model, s.name) for s in case.params]
-    defaults = reference_of(case).defaults
-    kwargs = {k: v for k, v in {**defaults, **case.settings_dict()}.items() if k != "use_muon"}
+    kwargs = candidate_keywords(case)
     if case.mode is not None:
         kwargs["mode"] = case.mode
     if case.kernel:

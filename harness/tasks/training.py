@@ -33,6 +33,7 @@ from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
 from harness.ranks import RankContext
 from harness.tasks.common import (
+    candidate_keywords,
     compare_params_and_state,
     compare_shard,
     factory_of,
@@ -132,13 +133,9 @@ def reference_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Opt
 
 
 def candidate_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Optimizer:
-    """The spec's candidate on ``model``'s parameters; a reference other than Muon's gives it every
-    setting, its defaults included, as the optimizer gates do."""
-    algorithm = reference_of(spec)
-    settings = optimizer_settings(spec.settings)
-    if not algorithm.hybrid:
-        settings = {**algorithm.defaults, **settings}
-    return factory_of(spec.candidate)(spec_groups(spec, model), **settings)
+    """The spec's candidate on ``model``'s parameters, with every setting of its reference, the
+    defaults included (``candidate_keywords``), as the optimizer gates give it."""
+    return factory_of(spec.candidate)(spec_groups(spec, model), **candidate_keywords(spec))
 
 
 def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
