@@ -139,7 +139,7 @@ def compare(
         if tier.max_rel_fro is not None:
             within = within or rel_fro <= tier.max_rel_fro
         passed = bitwise or (within and not bool(nan_mismatch.any()) and not recast)
-    notes = [n for n in (recast, "both all zero: compares nothing" if all_zero else "") if n]
+    notes = [n for n in (recast, _zeros_note(flat_e, flat_a, differs.reshape(-1), all_zero)) if n]
     return make(
         shape=shape,
         bitwise=bitwise,
@@ -158,6 +158,23 @@ def compare(
         diff_norm=gap,
         change_norm=change,
     )
+
+
+def _zeros_note(e: Tensor, a: Tensor, differs: Tensor, all_zero: bool) -> str:
+    """What a failed comparison's zeros say. Where both sides hold a zero of other signs the
+    values are equal and the bits are not: said, with how many of each, so that a verdict of
+    ``max|diff| 0, max ULP 0`` reads as what it is (a tensor all zero in value is then not
+    one that "compares nothing": its sign bits were compared, and differ). Both all zero
+    with the same bits (a comparison failed only by its dtype): it compares nothing."""
+    signed = differs & (e == 0) & (a == 0)
+    count = int(signed.sum())
+    if not count:
+        return "both all zero: compares nothing" if all_zero else ""
+    negative = int((signed & torch.signbit(e)).sum())
+    each = (("-0.0", "+0.0", negative), ("+0.0", "-0.0", count - negative))
+    pairs = [f"{x} against {y} at {n} element{'s' if n != 1 else ''}" for x, y, n in each if n]
+    where = "zero in value" if all_zero else f"{count} of {int(differs.sum())} differing elements zero in value"
+    return f"{where}, sign bits differ: {', '.join(pairs)}"
 
 
 def _name(dtype: torch.dtype) -> str:

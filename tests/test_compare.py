@@ -75,3 +75,25 @@ def test_dtype_mismatch_is_compared_after_a_stated_cast_and_never_bitwise():
     assert c.mismatches == 1 and c.worst_index == (1,) and c.max_abs_diff == 2.0**-12
     same_values = compare(torch.ones(2), torch.ones(2, dtype=torch.bfloat16), tensor="t")
     assert not same_values.passed and same_values.mismatches == 0
+
+
+def test_a_failed_comparison_of_zeros_of_other_signs_says_the_sign_bits_differ_not_that_it_compares_nothing():
+    c = compare(torch.full((8,), -0.0), torch.zeros(8), tensor="exp_avg")
+    assert not c.passed and c.all_zero and c.mismatches == 8
+    assert c.note == "zero in value, sign bits differ: -0.0 against +0.0 at 8 elements"
+    assert "compares nothing" not in c.note
+
+
+def test_signed_zeros_among_other_differences_are_counted_each_way():
+    both = compare(torch.tensor([0.0, -0.0, 0.0]), torch.tensor([-0.0, 0.0, 0.0]), tensor="t")
+    assert (
+        both.note == "zero in value, sign bits differ: -0.0 against +0.0 at 1 element, +0.0 against -0.0 at 1 element"
+    )
+    mixed = compare(torch.tensor([0.0, 1.0, 2.0]), torch.tensor([-0.0, 1.0, 3.0]), tensor="t")
+    assert mixed.note == "1 of 2 differing elements zero in value, sign bits differ: +0.0 against -0.0 at 1 element"
+
+
+def test_equal_zeros_still_compare_nothing():
+    assert compare(torch.zeros(3), torch.zeros(3), tensor="t").note == "both all zero: compares nothing"
+    recast = compare(torch.zeros(3), torch.zeros(3, dtype=torch.float64), tensor="t")
+    assert not recast.passed and recast.note.endswith("both all zero: compares nothing")
