@@ -23,11 +23,44 @@ eps form (``eps_form``)
     ``"add"`` (Keller Jordan): ``X / (‖X‖_F·s + eps)``; ``"clamp"`` (torch.optim.Muon):
     ``X / max(‖X‖_F·s, eps)``; ``s`` is the safety factor (1 except Polar Express).
 Newton–Schulz dtype (``ns_dtype``)
-    ``torch.bfloat16`` (default, as everyone) or ``torch.float32``. The output stays in
-    this dtype; it is widened only when it is added to the parameter.
+    ``torch.bfloat16`` (default, as everyone) or ``torch.float32``; ``torch.float16`` too
+    with a Gram ``ns_form`` (DeepSpeed's, where the accelerator has fp16), not drawn by the
+    gates. The output stays in this dtype; it is widened only when it is added to the
+    parameter.
+Newton–Schulz form (``ns_form``)
+    ``"addmm"`` (default): ``B = addmm(A, A, A, β=b, α=c)``; ``X = addmm(X, B, X, β=a)``
+    (torch.optim.Muon's arithmetic, see below).
+    ``"expanded"``: ``B = b·A + (c·A)@A``; ``X = a·X + B@X``, every scaling, product and sum
+    rounded to the Newton–Schulz dtype on its own. Python reads ``c * A @ A`` left to right,
+    so the coefficient scales ``A`` before the product: Keller Jordan's original code and
+    DeepSpeed's ``ns_method="standard"`` (``zeropower_via_newtonschulz5``).
+    ``"gram"``: the Gram form (Tri Dao et al. 2026, DeepSpeed's ``ns_method="gram"``): on a
+    matrix with fewer rows than columns (after the transposition below) it iterates on the
+    small Gram matrix ``R = X@Xᵀ`` and a product ``Q`` of polynomials in it,
+    ``Z = b·R + (c·R)@R``; ``Q = Z + a·I`` at the first iteration, ``Q = a·Q + Z@Q`` after;
+    ``R ← a·(a·R + Z@R) + Z@(a·R + Z@R)``, and applies ``Q`` once, ``X ← Q@X``. It restarts
+    at iteration ``GRAM_RESTART`` (2): ``X ← Q@X``, ``R = X@Xᵀ``, the next ``Q`` fresh. A
+    square matrix takes the ``"expanded"`` form. A tall matrix's result is ``Xᵀ@Qᵀ``, not
+    ``(Q@X)ᵀ``: the same numbers, other roundings.
+    ``"gram_addmm"``: ``"gram"`` with ``Q`` and ``R`` advanced by ``addmm`` (``β=a``), as
+    DeepSpeed 0.19.0–0.19.1 did. The first ``Q`` and ``Z`` are as in ``"gram"``.
+    ``"expanded"`` and the Gram forms take each matrix's norm over its last two dimensions.
+Newton–Schulz normalization (``ns_normalize``)
+    ``"ns_dtype"`` (default): the update is cast to the Newton–Schulz dtype, then divided by
+    its norm there. ``"input"``: divided by its norm in its own dtype (float32), then cast
+    (DeepSpeed 0.19.8's Gram form, so that a large fp32 update cannot overflow fp16 first).
 lr scale (``adjust_lr_fn``)
     ``"original"``: lr·√max(1, rows/cols); ``"match_rms_adamw"``: lr·0.2·√max(rows, cols)
     (Moonshot); ``"none"``: lr. Rows and cols are the *global* matrix shape, never a shard's.
+where the lr scale applies (``lr_scale_on``)
+    ``"lr"`` (default): ``p ← p − (lr·scale)·update``. ``"update"``: the orthogonalized update
+    is multiplied by the scale in its own (Newton–Schulz) dtype, rounded there, and the step
+    is ``p ← p − lr·update`` (DeepSpeed's ``update *= scale``).
+AdamW form (``adamw_form``), for the ``use_muon=False`` groups
+    ``"torch"`` (default): torch.optim.AdamW's single-tensor arithmetic.
+    ``"keller"``: Keller Jordan's ``adam_update`` (DeepSpeed's inline Adam, where no
+    ``torch.optim`` AdamW is handed to it): ``m = lerp(m, g, 1−β₁)``, ``v = lerp(v, g², 1−β₂)``,
+    update ``(m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + eps)``; decay ``p·(1 − lr·wd)`` first.
 weight decay
     Decoupled, before the update, with the unscaled lr: ``p ← p·(1 − lr·wd)``.
 tall matrices
@@ -64,6 +97,14 @@ MomentumForm = Literal["ema", "sum"]
 EpsForm = Literal["add", "clamp"]
 LrAdjust = Literal["original", "match_rms_adamw", "none"]
 CoefficientsName = Literal["keller", "polar_express"]
+NsForm = Literal["addmm", "expanded", "gram", "gram_addmm"]
+NsNormalize = Literal["ns_dtype", "input"]
+LrScaleOn = Literal["lr", "update"]
+AdamwForm = Literal["torch", "keller"]
+
+#: the iteration at which the Gram forms apply their polynomial to X and start again from its
+#: Gram matrix (DeepSpeed's ``restart_at``), which keeps the half-precision product stable
+GRAM_RESTART = 2
 
 KELLER_COEFFICIENTS: tuple[tuple[float, float, float], ...] = ((3.4445, -4.7750, 2.0315),)
 # Amsel, Persson, Musco, Gower, "The Polar Express" (arXiv 2505.16932), five-step schedule
@@ -100,8 +141,12 @@ def _newton_schulz(
     eps: float,
     eps_form: EpsForm,
     dtype: torch.dtype,
+    form: NsForm = "addmm",
+    normalize: NsNormalize = "ns_dtype",
 ) -> Tensor:
     """One matrix ``[rows, cols]``, or a stack ``[n, rows, cols]`` in batched products."""
+    if form != "addmm" or normalize != "ns_dtype":
+        return _newton_schulz_expanded(G, steps, schedule, safety, eps, eps_form, dtype, form, normalize)
     # Newton–Schulz reads X from storage that starts where an allocation starts: on GPUs the
     # matmul and norm kernels chosen depend on the pointer's alignment, so a view at an
     # offset (one expert of a 3-D stack) and a fresh shard of the same numbers gave
@@ -126,6 +171,72 @@ def _newton_schulz(
     return X.mT if transposed else X
 
 
+def _newton_schulz_expanded(
+    G: Tensor,
+    steps: int,
+    schedule: tuple[tuple[float, float, float], ...],
+    safety: float,
+    eps: float,
+    eps_form: EpsForm,
+    dtype: torch.dtype,
+    form: NsForm,
+    normalize: NsNormalize,
+) -> Tensor:
+    """The ``"expanded"`` and Gram forms (and ``"addmm"`` normalized in the input's dtype):
+    each written as ``a * X + B @ X`` is, so that every scaling and product rounds on its own."""
+    X = G.to(dtype) if normalize == "ns_dtype" else G
+    transposed = G.size(-2) > G.size(-1)
+    if transposed:
+        X = X.mT
+    norm = X.norm(dim=(-2, -1), keepdim=True)
+    if safety != 1.0:
+        norm = norm * safety
+    X = X / (norm + eps) if eps_form == "add" else X / norm.clamp(min=eps)
+    X = X.to(dtype)
+    if form in ("gram", "gram_addmm") and X.size(-2) < X.size(-1) and steps > 0:
+        Q, X = _gram_polynomial(X, steps, schedule, form == "gram_addmm")
+        return X.mT @ Q.mT if transposed else Q @ X
+    addmm = torch.addmm if X.ndim == 2 else torch.baddbmm
+    for i in range(steps):
+        a, b, c = schedule[min(i, len(schedule) - 1)]
+        A = X @ X.mT
+        X = addmm(X, addmm(A, A, A, beta=b, alpha=c), X, beta=a) if form == "addmm" else a * X + (b * A + c * A @ A) @ X
+    return X.mT if transposed else X
+
+
+def _gram_polynomial(
+    X: Tensor, steps: int, schedule: tuple[tuple[float, float, float], ...], fused: bool
+) -> tuple[Tensor, Tensor]:
+    """The Gram forms' iteration on a wide ``X``: ``(Q, X)`` such that ``Q @ X`` is the result,
+    ``X`` the matrix the last restart left (see the module docstring)."""
+
+    def times(M: Tensor, Z: Tensor, a: float) -> Tensor:
+        """``a·M + Z@M``, by ``addmm`` where ``fused``."""
+        if fused:
+            return torch.addmm(M, Z, M, beta=a) if M.ndim == 2 else torch.baddbmm(M, Z, M, beta=a)
+        return a * M + Z @ M
+
+    R = X @ X.mT
+    Q: Tensor | None = None
+    for i in range(steps):
+        a, b, c = schedule[min(i, len(schedule) - 1)]
+        if i == GRAM_RESTART and Q is not None:
+            X = Q @ X
+            R = X @ X.mT
+            Q = None
+        Z = b * R + c * R @ R
+        if Q is None:
+            Q = Z.clone()
+            Q.diagonal(dim1=-2, dim2=-1).add_(a)
+        else:
+            Q = times(Q, Z, a)
+        if i < steps - 1 and i + 1 != GRAM_RESTART:
+            RZ = times(R, Z, a)
+            R = times(RZ, Z, a)
+    assert Q is not None  # steps > 0
+    return Q, X
+
+
 def orthogonalize(
     G: Tensor,
     steps: int = 5,
@@ -134,6 +245,8 @@ def orthogonalize(
     eps: float = 1e-7,
     eps_form: EpsForm = "add",
     dtype: torch.dtype = torch.bfloat16,
+    ns_form: NsForm = "addmm",
+    ns_normalize: NsNormalize = "ns_dtype",
 ) -> Tensor:
     """Newton–Schulz orthogonalization of a matrix, or of each matrix of a batch.
 
@@ -149,9 +262,11 @@ def orthogonalize(
     if G.ndim < 2:
         raise ValueError(f"orthogonalize needs a matrix or a batch of matrices; got shape {tuple(G.shape)}")
     if G.ndim == 2:
-        return _newton_schulz(G, steps, schedule, safety, eps, eps_form, dtype)
+        return _newton_schulz(G, steps, schedule, safety, eps, eps_form, dtype, ns_form, ns_normalize)
     flat = G.reshape(-1, *G.shape[-2:])
-    out = [_newton_schulz(m, steps, schedule, safety, eps, eps_form, dtype) for m in flat.unbind(0)]
+    out = [
+        _newton_schulz(m, steps, schedule, safety, eps, eps_form, dtype, ns_form, ns_normalize) for m in flat.unbind(0)
+    ]
     if not out:
         return torch.empty(G.shape, dtype=dtype, device=G.device)
     return torch.stack(out).reshape(G.shape)
@@ -165,6 +280,8 @@ def orthogonalize_batch(
     eps: float = 1e-7,
     eps_form: EpsForm = "add",
     dtype: torch.dtype = torch.bfloat16,
+    ns_form: NsForm = "addmm",
+    ns_normalize: NsNormalize = "ns_dtype",
 ) -> Tensor:
     """``orthogonalize`` of each matrix of a stack ``[n, rows, cols]``, in one batched
     product (``bmm``/``baddbmm``) per step instead of ``n``: the same arithmetic, much
@@ -179,12 +296,14 @@ def orthogonalize_batch(
     schedule, safety = coefficient_schedule(ns_coefficients)
     if G.size(0) == 0:
         return torch.empty(G.shape, dtype=dtype, device=G.device)
-    return _newton_schulz(G, steps, schedule, safety, eps, eps_form, dtype)
+    return _newton_schulz(G, steps, schedule, safety, eps, eps_form, dtype, ns_form, ns_normalize)
 
 
 def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None = None) -> Callable[[Tensor], Tensor]:
     """``matrix -> fn(matrix, …)`` with a param group's Newton–Schulz settings (``fn``: ``orthogonalize``)."""
     kernel = orthogonalize if fn is None else fn
+    # only where they are not the defaults, so that a kernel of the older signature still runs
+    forms = {k: group[k] for k in ("ns_form", "ns_normalize") if group.get(k, MUON_DEFAULTS[k]) != MUON_DEFAULTS[k]}
 
     def run(matrix: Tensor) -> Tensor:
         return kernel(
@@ -194,6 +313,7 @@ def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None
             eps=group["eps"],
             eps_form=group["eps_form"],
             dtype=group["ns_dtype"],
+            **forms,
         )
 
     return run
@@ -274,7 +394,34 @@ def adamw_update(
         param.copy_(p)
 
 
+def keller_adam_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: int,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """One step of Keller Jordan's ``adam_update`` (``adamw_form="keller"``) on float32 state. Elementwise."""
+    beta1, beta2 = betas
+    g = grad.float()
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.lerp_(g.square(), 1 - beta2)
+    update = (exp_avg / (1 - beta1**step)) / ((exp_avg_sq / (1 - beta2**step)).sqrt() + eps)
+    p = param if param.dtype == torch.float32 else param.float()
+    p.mul_(1 - lr * weight_decay)
+    p.add_(update, alpha=-lr)
+    if p is not param:
+        param.copy_(p)
+
+
 _NS_DTYPES = (torch.bfloat16, torch.float32)
+#: what ``ns_dtype`` takes; the gates draw ``_NS_DTYPES`` only
+_NS_DTYPES_TAKEN = (*_NS_DTYPES, torch.float16)
 
 
 def param_names(group: dict[str, Any], index: int) -> list[str]:
@@ -301,8 +448,17 @@ def validate_settings(group: dict[str, Any]) -> None:
         raise bad("eps_form", f"is not one of {get_args(EpsForm)}")
     if group["adjust_lr_fn"] not in get_args(LrAdjust):
         raise bad("adjust_lr_fn", f"is not one of {get_args(LrAdjust)}")
-    if group["ns_dtype"] not in _NS_DTYPES:
-        raise bad("ns_dtype", "must be torch.bfloat16 or torch.float32")
+    gram = group["ns_form"] in ("gram", "gram_addmm")
+    if group["ns_dtype"] not in (_NS_DTYPES_TAKEN if gram else _NS_DTYPES):
+        raise bad("ns_dtype", "must be torch.bfloat16 or torch.float32 (torch.float16 with a Gram ns_form)")
+    for name, kind in (
+        ("ns_form", NsForm),
+        ("ns_normalize", NsNormalize),
+        ("lr_scale_on", LrScaleOn),
+        ("adamw_form", AdamwForm),
+    ):
+        if group[name] not in get_args(kind):
+            raise bad(name, f"is not one of {get_args(kind)}")
     if not (isinstance(group["ns_steps"], int) and 0 <= group["ns_steps"] < 100):
         raise bad("ns_steps", "must be an int in [0, 100)")
     if not group["eps"] > 0:
@@ -327,6 +483,10 @@ MUON_DEFAULTS: dict[str, Any] = dict(
     eps_form="add",
     ns_dtype=torch.bfloat16,
     adjust_lr_fn="original",
+    ns_form="addmm",
+    ns_normalize="ns_dtype",
+    lr_scale_on="lr",
+    adamw_form="torch",
     use_muon=True,
     adamw_lr=3e-4,
     adamw_betas=(0.9, 0.95),
@@ -442,8 +602,11 @@ class Muon(torch.optim.Optimizer):
             state["momentum_buffer"], grad, group["momentum"], group["nesterov"], group["momentum_form"]
         )
         ortho = group_orthogonalizer(group, self.orthogonalize_fn)(update)
-        scaled = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])
-        apply_update(p, ortho, group["lr"], group["weight_decay"], scaled)
+        scale = lr_scale(p.shape, group["adjust_lr_fn"])
+        if group["lr_scale_on"] == "update":
+            ortho = ortho * scale  # in the update's own dtype, rounded there
+            scale = 1.0
+        apply_update(p, ortho, group["lr"], group["weight_decay"], group["lr"] * scale)
 
     @staticmethod
     def _adamw_step(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
@@ -452,7 +615,8 @@ class Muon(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         state["step"] += 1
-        adamw_update(
+        step = keller_adam_update if group["adamw_form"] == "keller" else adamw_update
+        step(
             p,
             grad,
             state["exp_avg"],
