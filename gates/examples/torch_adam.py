@@ -8,6 +8,15 @@ root; ``AdamW``'s decay is decoupled and ``Adam``'s is L2. Each works element by
 whatever DTensor it is handed, so each declares every layout. ``--impl
 gates.examples.torch_adam:adamw_foreach`` puts one through every gate that holds for any
 algorithm.
+
+``adamw_for_loop`` is bitwise ``reference.AdamW`` in every generic gate but where torch's CPU
+``lerp_`` gives a zero its sign by the element's place in its tensor, a finding about torch
+(``examples/findings/torch_cpu_lerp_signed_zero.py``; ``docs/pages/references.md`` says where):
+``beta1 = 0`` and a gradient of ``-0.0`` (``maximize=True`` on a zero gradient), where
+``exp_avg.lerp_(grad, 1.0)`` is ``-0.0`` in the kernel's 16-element blocks and ``+0.0`` in the
+remainder, so one device and a shard hold zeros of other signs. The reference runs the same
+kernel: no value differs, and no declared cause (``Candidate.differences``, Muon's arithmetic)
+describes it.
 """
 
 from __future__ import annotations
