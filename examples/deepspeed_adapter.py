@@ -1,28 +1,43 @@
-"""DeepSpeed 0.19.8's ZeRO stages 0–3, with its Muon and its AdamW, as a muongate engine
-(``harness.engines``)::
+"""DeepSpeed's ZeRO stages 0–3, with its Muon and its AdamW, as a muongate engine
+(``harness.engines``), on every release that has Muon (0.17.6 and later; 0.19.8 is pinned in
+``examples/engines-no-deps.txt``)::
 
     pip install --no-deps -r examples/engines-no-deps.txt
     pytest -m gate --nproc 2 --engine examples.deepspeed_adapter:deepspeed_zero
+
+An older release is refused at import, in one line naming it and why (``refusal``).
 
 What it declares, and why:
 
 - Stages 0, 1, 2 and 3; ``"type": "muon"`` (``MuonWithAuxAdam``: Muon for every matrix whose
   name holds neither ``embed`` nor ``lm_head``, its AdamW for the rest) and ``"type": "adamw"``,
   both with ``"torch_adam": true`` (``torch.optim.AdamW``, not the FusedAdam it would compile).
-- ``reduce_scatter`` on and off at stages 2 and 3, but off only for stage 3's Muon (it refuses
-  it on: "Muon and reduce scatter cannot be used together");
+- ``reduce_scatter`` on and off at stages 1, 2 and 3 (ZeRO 1–2 read it; stage 0 has no
+  partitioned reduction), but off only for stage 3's Muon (it refuses it on: "Muon and reduce
+  scatter cannot be used together");
   accumulation 1, 2 and 4; float32 and bf16 (float32 masters at every stage).
 - A parameter without a gradient steps on zeros (decayed, its state started), as DeepSpeed's
   engine does at every stage and its one-device ``MuonWithAuxAdam`` does ("force
   synchronization"); the one-device side is given zeros too (``missing_gradient="zeros"``).
+- Muon's ``ns_method``, ``"gram"`` and ``"standard"``, from 0.19.0 (the releases before take
+  no such key and run ``"standard"``'s iteration).
 - AdamW is judged against ``reference.AdamW`` (torch's for-loop AdamW is its arithmetic).
-  Muon against DeepSpeed's own ``MuonWithAuxAdam`` on one device: its Newton–Schulz runs in
-  fp16 by default (``ns_method="gram"``, where the accelerator takes fp16) and in bf16 with
-  ``ns_method="standard"`` but in another order of products than the reference, and a bf16
-  model's momentum is rounded to bf16 at stages 1–3
-  (``examples/findings/deepspeed_muon_bf16_momentum.py``); the reference takes none of these,
-  and no tolerance tier against it separates correct from wrong on the gate's shapes
-  (``examples/deepspeed_muon_distance.py``).
+  Muon against ``reference.Muon`` on the settings that are DeepSpeed's arithmetic
+  (``conventions``, each a setting of the reference read from DeepSpeed's source of that
+  release, none of DeepSpeed's code run on the reference's side): ``ns_method="gram"`` is
+  ``ns_form="gram"`` in fp16 (fp32 where the accelerator has no fp16; the CPU accelerator has
+  it where oneDNN does), normalized in float32 before the cast from 0.19.8
+  (``ns_normalize="input"``), advanced by ``addmm`` in 0.19.0–0.19.1 (``"gram_addmm"``);
+  ``"standard"`` is ``ns_form="expanded"`` in bf16; the lr scale multiplies the update in the
+  Newton–Schulz dtype (``lr_scale_on="update"``); the AdamW half is Keller Jordan's inline
+  ``adam_update`` up to 0.19.5 and ``torch.optim.AdamW`` from 0.19.6 (``"torch_adam": true``),
+  at DeepSpeed's own betas (0.9, 0.95) and eps 1e-10 for it. DeepSpeed's own
+  ``MuonWithAuxAdam`` on one device is compared too and shown beside the verdict
+  (``shown``): where the two disagree, the reference is what decides, so a bug the engine
+  shares with its one-device optimizer fails the gate, and one of the one-device optimizer
+  alone does not fail a correct stage. A bf16 model's momentum is rounded to bf16 at stages 1–3
+  (``examples/findings/deepspeed_muon_bf16_momentum.py``), which the reference does not take:
+  those cells fail by design.
 - Universal checkpoints (``ds_to_universal``) convert stages 1–3 of AdamW for another world
   size; DeepSpeed's converter knows AdamW's state only, so Muon's momentum is not declared.
 
@@ -40,9 +55,12 @@ it, with DeepSpeed's own method: otherwise a Muon model's AdamW state cannot be 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import inspect
 import io
 import logging
 import os
+from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,6 +68,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from packaging.version import Version
 from torch import Tensor, nn
 
 from harness.engines import Engine, EngineConfig
@@ -64,13 +83,37 @@ os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else
 torch._dynamo.config.disable = True
 
 import deepspeed  # noqa: E402
+
+#: the first release with Muon (``deepspeed/runtime/zero/muon/``; every release before has none)
+FIRST_WITH_MUON = Version("0.17.6")
+RELEASE = Version(deepspeed.__version__)
+#: the first release whose Muon takes ``ns_method`` ("gram", its default, or "standard")
+FIRST_WITH_NS_METHOD = Version("0.19.0")
+
+
+def refusal(release: Version, has_muon: bool) -> str | None:
+    """Why this adapter cannot drive ``release`` (one line), or ``None``."""
+    if not has_muon or release < FIRST_WITH_MUON:
+        return (
+            f"DeepSpeed {release} has no Muon (deepspeed/runtime/zero/muon/ arrived in {FIRST_WITH_MUON}); "
+            f"examples.deepspeed_adapter drives DeepSpeed {FIRST_WITH_MUON} and later"
+        )
+    return None
+
+
+_refused = refusal(RELEASE, importlib.util.find_spec("deepspeed.runtime.zero.muon") is not None)
+if _refused is not None:
+    raise ImportError(_refused)
+
 import deepspeed.ops  # noqa: E402
 from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam  # noqa: E402
 from deepspeed.utils import logger, safe_get_full_fp32_param, safe_get_full_optimizer_state  # noqa: E402
 
 # Every op is "not compatible", so the shared-memory all-reduce op is neither probed nor built
-# (DeepSpeed reads this table only there); training never calls it.
-deepspeed.ops.__compatible_ops__ = {}
+# (DeepSpeed reads this table only there); training never calls it. A table that answers False
+# for every name, not an empty one: releases before 0.19.7 index it (``[builder.NAME]``), and an
+# empty table raised a bare KeyError: 'deepspeed_shm_comm' in deepspeed.initialize.
+deepspeed.ops.__compatible_ops__ = defaultdict(bool)
 logger.setLevel(logging.WARNING)
 
 TAG = "muongate"
@@ -88,6 +131,8 @@ def ds_config(config: EngineConfig) -> dict[str, Any]:
     params: dict[str, Any] = {"lr": s["lr"], "weight_decay": s["weight_decay"], "torch_adam": True}
     if config.optimizer == "muon":
         params["momentum"] = s["momentum"]
+        if "ns_method" in s:
+            params["ns_method"] = s["ns_method"]
     else:
         params.update(betas=list(s["betas"]), eps=s["eps"])
     zero: dict[str, Any] = {"stage": config.stage}
@@ -140,7 +185,7 @@ class DeepSpeedRun:
     def full_state(self, name: str) -> Mapping[str, Tensor]:
         p = self.params[name]
         muon = self.config.optimizer == "muon" and uses_muon(name, p)
-        keys = ("momentum_buffer",) if muon else ADAM_STATE
+        keys: tuple[str, ...] = ("momentum_buffer",) if muon else ADAM_STATE
         if self.config.stage == 0:
             state = (
                 self.engine.optimizer.state if self.config.dtype == "float32" else self.engine.optimizer.optimizer.state
@@ -243,21 +288,60 @@ def single_device(named: list[tuple[str, nn.Parameter]], config: EngineConfig) -
     for n, p in named:
         p.use_muon = uses_muon(n, p)  # type: ignore[attr-defined]
     common = {"lr": s["lr"], "weight_decay": s["weight_decay"]}
+    method = {"ns_method": s["ns_method"]} if "ns_method" in s else {}
     groups = [
-        {"params": muon, "use_muon": True, "momentum": s["momentum"], **common},
+        {"params": muon, "use_muon": True, "momentum": s["momentum"], **method, **common},
         {"params": adam, "use_muon": False, **common},
     ]
-    return MuonWithAuxAdam(
-        [g for g in groups if g["params"]], adam_optimizer=torch.optim.AdamW, adam_optimizer_kwargs={"foreach": None}
-    )
+    chosen = [g for g in groups if g["params"]]
+    if "adam_optimizer" not in inspect.signature(MuonWithAuxAdam.__init__).parameters:
+        return MuonWithAuxAdam(chosen)  # before 0.19.6: its inline Adam, as its engine runs it
+    return MuonWithAuxAdam(chosen, adam_optimizer=torch.optim.AdamW, adam_optimizer_kwargs={"foreach": None})
+
+
+def _half_dtype(wanted: torch.dtype) -> torch.dtype:
+    """DeepSpeed's Newton–Schulz dtype: ``wanted`` where its accelerator takes it, else float32."""
+    from deepspeed.accelerator import get_accelerator
+
+    takes = get_accelerator().is_fp16_supported() if wanted == torch.float16 else get_accelerator().is_bf16_supported()
+    return wanted if takes else torch.float32
+
+
+def conventions(config: EngineConfig, release: Version = RELEASE) -> dict[str, Any]:
+    """``reference.Muon``'s settings that are this release's Muon arithmetic (``Engine.conventions``),
+    read from its ``muon_update``, Newton–Schulz functions and ``MuonWithAuxAdam``: the ema
+    momentum and Nesterov blend, the eps 1e-7 added to the norm, five iterations of Keller's
+    coefficients, decoupled decay before the step are the reference's defaults already."""
+    if config.optimizer != "muon":
+        return {}
+    adam = {
+        "adamw_betas": (0.9, 0.95),
+        "adamw_eps": 1e-10,
+        "adamw_form": "torch" if release >= Version("0.19.6") else "keller",
+    }
+    method = config.options.get("ns_method", "gram" if release >= FIRST_WITH_NS_METHOD else "standard")
+    if method == "standard":
+        # up to 0.18.9 its iteration casts to bf16 whatever the accelerator says
+        dtype = torch.bfloat16 if release < FIRST_WITH_NS_METHOD else _half_dtype(torch.bfloat16)
+        ns = {"ns_form": "expanded", "ns_dtype": dtype}
+    else:
+        ns = {
+            "ns_form": "gram_addmm" if release < Version("0.19.2") else "gram",
+            "ns_dtype": _half_dtype(torch.float16),
+            "ns_normalize": "input" if release >= Version("0.19.8") else "ns_dtype",
+        }
+    return {**ns, "lr_scale_on": "update", **adam}
 
 
 @Engine(
     stages={0, 1, 2, 3},
     optimizers={"muon", "adamw"},
-    judged={"muon": "self"},
+    judged={"muon": "reference", "adamw": "reference"},
     single_device=single_device,
-    reduce_scatter={2: (True, False), 3: (True, False), ("muon", 3): (False,)},
+    conventions=conventions,
+    shown={"muon"},
+    options={"muon": {"ns_method": ("gram", "standard")}} if RELEASE >= FIRST_WITH_NS_METHOD else {},
+    reduce_scatter={1: (True, False), 2: (True, False), 3: (True, False), ("muon", 3): (False,)},
     dtypes={"float32", "bfloat16"},
     reshard=universal,
     reshard_stages={1, 2, 3},
@@ -265,11 +349,8 @@ def single_device(named: list[tuple[str, nn.Parameter]], config: EngineConfig) -
     missing_gradient="zeros",
     # each said in the module docstring; the bf16 momentum fails the bf16 Muon cells of stages 1–3
     # by design (examples/findings/deepspeed_muon_bf16_momentum.py)
-    differences={
-        "muon": ("Newton–Schulz in fp16, judged against itself", "bf16 momentum at stages 1–3"),
-        "*": ("torch.compile off",),
-    },
-    package="deepspeed==0.19.8",
+    differences={"muon": ("bf16 momentum at stages 1–3",), "*": ("torch.compile off",)},
+    package=f"deepspeed=={RELEASE}",
 )
 def deepspeed_zero(model: nn.Module, config: EngineConfig, group: Any) -> DeepSpeedRun:
     return DeepSpeedRun(model, config, group)

@@ -31,7 +31,20 @@ made; a bad one is a ``ValueError`` naming the field):
     Newton–Schulz in fp16). Default: ``reference`` for both.
 ``single_device``
     ``single_device(named_params, config) -> torch.optim.Optimizer``: the engine's own optimizer
-    on plain tensors of one device, for what is judged against ``self``.
+    on plain tensors of one device, for what is judged against ``self`` or ``shown``.
+``conventions``
+    ``conventions(config) -> {setting: value}``: the reference's settings that express the
+    engine's arithmetic (``reference.Muon(ns_form="gram", ns_dtype=torch.float16, …)``), beside
+    the case's ``lr``, ``weight_decay`` and ``momentum`` or ``betas`` and ``eps``; a case shows
+    them. Where the engine's arithmetic is a setting of the reference, it is judged by something
+    independent of it: a bug its own one-device optimizer shares is still seen.
+``shown``
+    the optimizers judged against the reference whose ``single_device`` is compared too and
+    shown beside the verdict, not deciding it (``Comparison.against == "self"``).
+``options``
+    per optimizer, the engine's own settings beyond the common ones, each with the values a
+    case draws (``{"muon": {"ns_method": ("gram", "standard")}}``); they reach the factory in
+    ``EngineConfig.settings`` and ``conventions``, not the reference.
 ``accumulate``
     the gradient accumulation steps it takes (default 1, 2 and 4).
 ``reduce_scatter``
@@ -142,6 +155,9 @@ class Engine:
     optimizers: Iterable[str] = OPTIMIZERS
     judged: Mapping[str, str] = field(default_factory=dict)
     single_device: Callable[..., Any] | None = None
+    conventions: Callable[[EngineConfig], Mapping[str, Any]] | None = None
+    shown: Iterable[str] = frozenset()
+    options: Mapping[str, Mapping[str, Iterable[Any]]] = field(default_factory=dict)
     accumulate: Iterable[int] = (1, 2, 4)
     reduce_scatter: Mapping[Any, Iterable[bool]] = field(default_factory=dict)
     dtypes: Iterable[str] = frozenset({"float32"})
@@ -166,6 +182,17 @@ class Engine:
         put(self, "judged", judged)
         if "self" in judged.values() and not callable(self.single_device):
             raise ValueError("Engine judged=…'self': name the engine's own one-device optimizer, single_device=…")
+        put(self, "shown", _names("shown", self.shown, frozenset(self.optimizers)))
+        if self.shown and not callable(self.single_device):
+            raise ValueError("Engine shown=…: name the engine's own one-device optimizer, single_device=…")
+        if any(judged[o] != "reference" for o in self.shown):  # type: ignore[attr-defined]
+            raise ValueError(f"Engine shown={sorted(self.shown)!r}: only optimizers judged against the reference")
+        if self.conventions is not None and not callable(self.conventions):
+            raise ValueError("Engine conventions=…: a function of the EngineConfig")
+        options = {o: {k: tuple(v) for k, v in own.items()} for o, own in self.options.items()}
+        if set(options) - set(self.optimizers) or any(not v for own in options.values() for v in own.values()):
+            raise ValueError(f"Engine options={dict(self.options)!r}: per declared optimizer, settings with values")
+        put(self, "options", options)
         put(self, "accumulate", tuple(sorted(set(self.accumulate))))
         if not self.accumulate or any(not isinstance(a, int) or a < 1 for a in self.accumulate):
             raise ValueError(f"Engine accumulate={self.accumulate!r}: whole numbers ≥ 1, e.g. accumulate=(1, 2, 4)")

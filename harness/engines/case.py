@@ -71,6 +71,10 @@ class EngineCase:
     save_to: str | None = None
     #: ``(DIR, world, steps)``: start from the checkpoint in ``DIR`` that ``steps`` steps on ``world`` ranks saved
     resumed_from: tuple[str, int, int] | None = None
+    #: the reference's settings that express the engine's arithmetic (``Engine.conventions``)
+    conventions: tuple[tuple[str, Any], ...] = ()
+    #: the engine's own one-device optimizer is compared too, shown beside the verdict (``Engine.shown``)
+    shown: bool = False
 
     def __post_init__(self) -> None:
         for what, n in (("world_size", self.world_size), ("accumulate", self.accumulate)):
@@ -131,6 +135,12 @@ class EngineCase:
             saved += ", then saved and resharded"
         settings = ", ".join(f"{k}={v}" for k, v in self.settings)
         declared = f"; declared differences: {', '.join(self.differences)}" if self.differences else ""
+        if self.conventions and not self.self_reference:
+            declared += "; the reference on the engine's conventions: " + ", ".join(
+                f"{k}={str(v).removeprefix('torch.')}" for k, v in self.conventions
+            )
+        if self.shown:
+            declared += "; its own one-device optimizer shown beside"
         return (
             f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
             f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks{declared}"
@@ -143,14 +153,16 @@ def _shapes(max_params: int) -> st.SearchStrategy[tuple[tuple[int, ...], ...]]:
     return st.lists(st.one_of(matrix, vector), min_size=1, max_size=max_params).map(tuple)
 
 
-def _settings(optimizer: str) -> st.SearchStrategy[tuple[tuple[str, Any], ...]]:
+def _settings(optimizer: str, options: Any = None) -> st.SearchStrategy[tuple[tuple[str, Any], ...]]:
+    """The common settings of ``optimizer`` and the engine's own ``options`` (``Engine.options``)."""
     common = {"lr": st.sampled_from([0.02, 0.005]), "weight_decay": st.sampled_from([0.0, 0.1])}
     own = (
         {"momentum": st.sampled_from([0.95, 0.9])}
         if optimizer == "muon"
         else {"betas": st.sampled_from([(0.9, 0.999), (0.9, 0.95)]), "eps": st.just(1e-8)}
     )
-    return st.fixed_dictionaries({**common, **own}).map(lambda d: tuple(sorted(d.items())))
+    engine = {k: st.sampled_from(v) for k, v in (options or {}).items()}
+    return st.fixed_dictionaries({**common, **own, **engine}).map(lambda d: tuple(sorted(d.items())))
 
 
 def engine_cases(
@@ -197,7 +209,7 @@ def engine_cases(
             steps=steps,
             seed=draw(st.integers(0, 2**16)),
             world_size=world_size,
-            settings=draw(_settings(chosen)),
+            settings=draw(_settings(chosen, declared.options.get(chosen))),
             checkpoint_at=draw(st.none() | st.integers(0, steps - 2)) if saves else None,
         )
         return judged(case, declared)
@@ -206,10 +218,14 @@ def engine_cases(
 
 
 def judged(case: EngineCase, declared: Engine) -> EngineCase:
-    """The case with what the engine declares it is judged against, and its declared differences."""
+    """The case with what the engine declares it is judged against, the reference's settings
+    that express its arithmetic, and its declared differences."""
+    conventions = {} if declared.conventions is None else dict(declared.conventions(case.config))
     return replace(
         case,
         against=declared.judged[case.optimizer],  # type: ignore[index]
         differences=declared.differences_of(case.optimizer),
         missing_gradient=declared.missing_gradient,
+        conventions=tuple(sorted(conventions.items())),
+        shown=case.optimizer in declared.shown,  # type: ignore[operator]
     )

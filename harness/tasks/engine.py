@@ -4,9 +4,12 @@ and after every step rank 0 compares every full parameter and every state tensor
 through the engine's own API (the reads are collectives every rank makes in the same order).
 
 The one-device side is muongate's reference (``reference.Muon`` with its AdamW groups for
-what is not a matrix, or ``reference.AdamW``) or, where the engine declares ``judged="self"``,
-the engine's own optimizer on one device. A case that saves after a step continues from a
-fresh engine, built on a model of other values, that loads the checkpoint.
+what is not a matrix, or ``reference.AdamW``), on the settings that express the engine's
+arithmetic (``Engine.conventions``), or, where the engine declares ``judged="self"``, the
+engine's own optimizer on one device. Where it declares ``shown``, its own optimizer steps
+too, on copies of the same parameters, and its comparisons are shown beside the reference's
+(``against="self"``) without deciding the verdict. A case that saves after a step continues
+from a fresh engine, built on a model of other values, that loads the checkpoint.
 """
 
 from __future__ import annotations
@@ -32,61 +35,89 @@ from reports.records import Comparison
 
 
 def reference_optimizer(
-    named: list[tuple[str, nn.Parameter]], optimizer: str, settings: dict[str, Any]
+    named: list[tuple[str, nn.Parameter]],
+    optimizer: str,
+    settings: dict[str, Any],
+    conventions: dict[str, Any] | None = None,
 ) -> torch.optim.Optimizer:
     """muongate's reference of an engine's ``optimizer`` on ``named``: ``reference.Muon`` (every
-    matrix by Newton–Schulz, the rest by its AdamW at the same lr and decay) or ``reference.AdamW``."""
+    matrix by Newton–Schulz, the rest by its AdamW at the same lr and decay) or ``reference.AdamW``,
+    with ``conventions`` (``Engine.conventions``) over the case's settings. The engine's own
+    options (``Engine.options``) are the engine's: they reach the reference through ``conventions`` only."""
     if optimizer == "adamw":
-        return reference.AdamW([p for _, p in named], **settings)
+        common = {k: settings[k] for k in ("lr", "weight_decay", "betas", "eps")}
+        return reference.AdamW([p for _, p in named], **{**common, **(conventions or {})})
     groups = param_groups((n, p, p.ndim >= 2) for n, p in named)
     return reference.Muon(
         groups,
-        lr=settings["lr"],
-        weight_decay=settings["weight_decay"],
-        momentum=settings["momentum"],
-        adamw_lr=settings["lr"],
-        adamw_weight_decay=settings["weight_decay"],
+        **{
+            "lr": settings["lr"],
+            "weight_decay": settings["weight_decay"],
+            "momentum": settings["momentum"],
+            "adamw_lr": settings["lr"],
+            "adamw_weight_decay": settings["weight_decay"],
+            **(conventions or {}),
+        },
     )
+
+
+class _Side:
+    """A one-device optimizer on float32 copies of the case's initial parameters, and what its
+    comparisons are marked as (``reference`` or ``self``)."""
+
+    def __init__(self, model: nn.Module, against: str) -> None:
+        self.against = against
+        self.params = {n: nn.Parameter(p.detach().float().clone()) for n, p in model.named_parameters()}
+        self.optimizer: torch.optim.Optimizer
+
+    def build(self, case: EngineCase, loaded: LoadedEngine) -> _Side:
+        named = list(self.params.items())
+        if self.against == "self":
+            assert loaded.declared.single_device is not None
+            self.optimizer = loaded.declared.single_device(named, case.config)
+        else:
+            self.optimizer = reference_optimizer(named, case.optimizer, dict(case.settings), dict(case.conventions))
+        return self
 
 
 def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
     loaded = LoadedEngine.load(case.engine)
     model = GradientFeed(case.shapes, case.seed, case.dtype)
-    one_params = {n: nn.Parameter(p.detach().float().clone()) for n, p in model.named_parameters()}
+    sides = [_Side(model, case.against)]
+    if case.shown and case.against == "reference":
+        sides.append(_Side(model, "self"))
     run = loaded.factory(model, case.config, ctx.group)
-    named = list(one_params.items())
-    if case.against == "self":
-        assert loaded.declared.single_device is not None
-        one = loaded.declared.single_device(named, case.config)
-    else:
-        one = reference_optimizer(named, case.optimizer, dict(case.settings))
+    for side in sides:
+        side.build(case, loaded)
     records: list[Comparison] = []
     first = 0
     if case.resumed_from is not None:
         path, world, first = case.resumed_from
         before = replace(case, world_size=world, resumed_from=None)
         for step in range(first):
-            _one_step(one, one_params, before, step)
+            _one_step(sides, before, step)
         run.load(path)
-        records += _compare(ctx, case, run, one, one_params, first - 1)
+        records += _compare(ctx, run, sides, first - 1)
     for step in range(first, first + case.steps):
         for micro in range(case.accumulate):
             run.backward(run.module(case.feed(step, ctx.rank, micro)))
             run.step()
-        _one_step(one, one_params, case, step)
-        records += _compare(ctx, case, run, one, one_params, step)
+        _one_step(sides, case, step)
+        records += _compare(ctx, run, sides, step)
         if case.checkpoint_at == step:
             run = _reloaded(ctx, case, loaded, run)
     if case.save_to is not None:
         _save_resharded(ctx, loaded, run, case.save_to)
-    return TaskResult(tuple(replace(r, against=case.against) for r in records), {})
+    return TaskResult(tuple(records), {})
 
 
-def _one_step(one: torch.optim.Optimizer, params: dict[str, nn.Parameter], case: EngineCase, step: int) -> None:
+def _one_step(sides: list[_Side], case: EngineCase, step: int) -> None:
     for name, grad in case.mean_gradient(step).items():
-        params[name].grad = grad
-    one.step()
-    one.zero_grad(set_to_none=True)
+        for side in sides:
+            side.params[name].grad = grad.clone()
+    for side in sides:
+        side.optimizer.step()
+        side.optimizer.zero_grad(set_to_none=True)
 
 
 def _save_resharded(ctx: RankContext, loaded: LoadedEngine, run: EngineRun, where: str) -> None:
@@ -98,28 +129,24 @@ def _save_resharded(ctx: RankContext, loaded: LoadedEngine, run: EngineRun, wher
     dist.barrier(group=ctx.group)
 
 
-def _compare(
-    ctx: RankContext,
-    case: EngineCase,
-    run: EngineRun,
-    one: torch.optim.Optimizer,
-    one_params: dict[str, nn.Parameter],
-    step: int,
-) -> list[Comparison]:
-    """Every full parameter and state tensor against the one-device side's (on rank 0)."""
+def _compare(ctx: RankContext, run: EngineRun, sides: list[_Side], step: int) -> list[Comparison]:
+    """Every full parameter and state tensor against each one-device side's (on rank 0)."""
     records: list[Comparison] = []
-    for name, p in one_params.items():
+    for name in sides[0].params:
         full = run.full_param(name)
         state = run.full_state(name)
         if ctx.rank != 0:
             continue
-        records.append(compare(p.detach(), full, tensor=name, step=step, rank=0))
-        expected = {k: v for k, v in one.state.get(p, {}).items() if torch.is_tensor(v) and v.ndim > 0}
-        for key in sorted(expected):
-            if key in state:
-                records.append(compare(expected[key], state[key], tensor=f"{name}.{key}", step=step, rank=0))
-            else:
-                records.append(_missing(f"{name}.{key}", step, expected[key]))
+        for side in sides:
+            p = side.params[name]
+            found = [compare(p.detach(), full, tensor=name, step=step, rank=0)]
+            expected = {k: v for k, v in side.optimizer.state.get(p, {}).items() if torch.is_tensor(v) and v.ndim > 0}
+            for key in sorted(expected):
+                if key in state:
+                    found.append(compare(expected[key], state[key], tensor=f"{name}.{key}", step=step, rank=0))
+                else:
+                    found.append(_missing(f"{name}.{key}", step, expected[key]))
+            records += [replace(r, against=side.against) for r in found]
     return records
 
 
