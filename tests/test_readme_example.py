@@ -1,0 +1,60 @@
+"""Claims about the README's "Your optimizer" example: its code is ``examples/my_adamw.py``, and
+pasted into an empty directory it passes the README's own commands, run from there as a reader
+runs them.
+
+Its declaration names every convention of ``reference.AdamW`` that ``torch.optim.AdamW`` fixes:
+one left out is drawn by the gates, and torch cannot follow it (nine gates failed while it named
+one)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from support import REPO, pythonpath, run_python
+
+README = REPO / "README.md"
+EXAMPLE = REPO / "examples" / "my_adamw.py"
+SECTION = "## Your optimizer (`--impl`)"
+
+
+def _block(language: str) -> str:
+    """The first ``language`` code block of the README's section on ``--impl``, as a file holds it."""
+    text = README.read_text()
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    section = text[start : end if end != -1 else len(text)]
+    found = re.search(rf"^```{language}\n(.*?)^```$", section, re.M | re.S)
+    assert found is not None, f"no {language} block under {SECTION!r} in README.md"
+    return found.group(1)
+
+
+def _commands() -> list[list[str]]:
+    """The README's commands of that section, each split as a shell would, its comment left out."""
+    lines = (line.split("  #", 1)[0].strip() for line in _block("bash").splitlines())
+    return [shlex.split(line) for line in lines if line]
+
+
+def test_the_readme_example_is_examples_my_adamw() -> None:
+    assert _block("python") == EXAMPLE.read_text(), "README.md's example and examples/my_adamw.py drifted apart"
+
+
+@pytest.mark.slow
+def test_the_readme_example_passes_the_readmes_commands_run_from_an_empty_directory(tmp_path: Path) -> None:
+    """Each command as pasted: ``python`` is this interpreter, ``pytest`` this environment's script
+    (whose ``sys.path`` does not hold the directory it runs in); muongate comes from this checkout."""
+    (tmp_path / "my_adamw.py").write_text(_block("python"))
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
+    commands = _commands()
+    assert len(commands) == 3, commands
+    for argv in commands:
+        program = {"python": [], "pytest": [Path(sys.executable).with_name("pytest")]}.get(argv[0])
+        assert program is not None, f"{shlex.join(argv)}: a command of python or pytest"
+        run = run_python(*program, *argv[1:], cwd=tmp_path, env=env, timeout=900)
+        summary = run.stdout.strip().splitlines()[-1:] if run.stdout.strip() else []
+        assert run.returncode == 0, f"{shlex.join(argv)}: {summary}\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+        assert " passed" in run.stdout and " failed" not in summary[0], summary
