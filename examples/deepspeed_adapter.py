@@ -101,7 +101,14 @@ def refusal(release: Version, has_muon: bool) -> str | None:
     return None
 
 
-_refused = refusal(RELEASE, importlib.util.find_spec("deepspeed.runtime.zero.muon") is not None)
+def _has_muon() -> bool:
+    try:
+        return importlib.util.find_spec("deepspeed.runtime.zero.muon") is not None
+    except ModuleNotFoundError:  # a parent package missing too
+        return False
+
+
+_refused = refusal(RELEASE, _has_muon())
 if _refused is not None:
     raise ImportError(_refused)
 
@@ -173,7 +180,12 @@ class DeepSpeedRun:
         self.engine.backward(loss)
 
     def step(self) -> None:
-        self.engine.step()
+        # Without grad mode, as a training loop under torch.no_grad() would step: before 0.19,
+        # ZeRO 1–2 all-gather into views that split() made of a flat buffer, which torch 2.13
+        # refuses to write in place in grad mode ("Output 0 of Split is a view and is being
+        # modified inplace"); no gradient flows through a step either way.
+        with torch.no_grad():
+            self.engine.step()
 
     # -- reading through DeepSpeed's own API ----------------------------------------------
     def full_param(self, name: str) -> Tensor:

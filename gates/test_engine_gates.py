@@ -188,3 +188,30 @@ def test_engine_gate_catches_planted_engine_bug(gate_runner: Any, control: str) 
         EngineCase.describe,
     )
     assert sum(len(s) for s in minimal.shapes) <= 4 and minimal.steps <= 2, minimal.describe()
+
+
+DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"
+
+
+@pytest.mark.judges("muongate's engine gate against the reference, with bugs planted in DeepSpeed", "muongate: gates")
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("control", ["momentum_restarted"])
+def test_engine_gate_catches_a_planted_deepspeed_bug_against_the_reference(
+    gate_runner: Any, control: str, stage: int
+) -> None:
+    """Under ``--engine examples.deepspeed_adapter:deepspeed_zero``: DeepSpeed with a bug planted
+    after its own step (``examples/deepspeed_planted_bugs.py``) fails against ``reference.Muon``
+    on DeepSpeed's conventions, at every stage."""
+    if _engine().spec != DEEPSPEED:
+        pytest.skip(f"plants its bugs in DeepSpeed: runs under --engine {DEEPSPEED}")
+    if gate_config().nproc < 2:
+        pytest.skip("the controls need two ranks")
+    spec = f"examples.deepspeed_planted_bugs:{control}"
+    declared = LoadedEngine.load(spec).declared
+    minimal = gate_runner.catch(
+        f"negative:engine:deepspeed {control} stage {stage}",
+        engine_cases(spec, declared, 2, checkpoint=False, stage=stage, optimizer="muon", dtype="float32"),
+        lambda case: gate_runner.run(case, task="engine").message,
+        EngineCase.describe,
+    )
+    assert minimal.against == "reference", minimal.describe()

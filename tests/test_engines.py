@@ -34,6 +34,11 @@ DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"
         ({"stages": {1}, "reduce_scatter": {3: (True,)}}, "reduce_scatter"),
         ({"stages": {1}, "dtypes": {"float16"}}, "dtypes"),
         ({"stages": {1}, "reshard_stages": {1}}, "reshard"),
+        ({"stages": {1}, "shown": {"muon"}}, "single_device"),
+        ({"stages": {1}, "judged": {"muon": "self"}, "single_device": print, "shown": {"muon"}}, "shown"),
+        ({"stages": {1}, "conventions": 3}, "conventions"),
+        ({"stages": {1}, "options": {"sgd": {"x": (1,)}}}, "options"),
+        ({"stages": {1}, "options": {"muon": {"x": ()}}}, "options"),
     ],
 )
 def test_an_engine_declaration_refuses_a_bad_field_by_name(fields: dict, named: str) -> None:
@@ -133,3 +138,53 @@ def test_deepspeed_rows_run_every_cell_and_show_its_stage_0_bf16_extra_step(tmp_
     assert adamw <= passed, (sorted(adamw - passed), run.stdout[-3000:])
     stage0_bf16 = {name for name in gates if "stage 0" in name and "bfloat16" in name}
     assert not stage0_bf16 & passed, run.stdout[-3000:]
+    # Muon is judged against reference.Muon on DeepSpeed's conventions, its own one-device
+    # optimizer shown beside: both bitwise in float32 at every stage
+    muon = {name for name in gates if "muon" in name and "float32" in name}
+    assert muon <= passed, (sorted(muon - passed), run.stdout[-3000:])
+    assert all(set(gates[name]["verdicts"]) == {"reference", "self"} for name in muon), run.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+def test_reference_muon_on_deepspeed_s_conventions_steps_as_its_single_device_muon_bit_for_bit() -> None:
+    """Every ns_method the installed release takes, ten shapes from 1×1 to 64×24, three steps
+    with weight decay, the Adam half beside (examples/deepspeed_reference_settings.py)."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip(f"needs {ENGINES}")
+    run = run_python("-m", "examples.deepspeed_reference_settings", env=repo_env(), timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("deepspeed ")]
+    assert run.returncode == 0 and len(lines) >= 10, run.stdout[-3000:] + run.stderr[-3000:]
+    assert all(": bitwise;" in line for line in lines), run.stdout
+
+
+@pytest.mark.slow
+def test_the_deepspeed_adapter_refuses_a_release_without_muon_in_one_line_naming_it(tmp_path: Path) -> None:
+    """A DeepSpeed before 0.17.6 (here a stand-in package of that version, without
+    deepspeed/runtime/zero/muon/) is a usage error naming the release and why."""
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "__init__.py").write_text('__version__ = "0.17.5"\n')
+    run = run_python(
+        "-m", "pytest", "--pyargs", "gates.test_engine_gates", "--co", "-q", "-p", "no:cacheprovider",
+        "--nproc", "2", "--engine", DEEPSPEED,
+        cwd=tmp_path, env=repo_env(tmp_path), timeout=300,
+    )  # fmt: skip
+    said = "DeepSpeed 0.17.5 has no Muon (deepspeed/runtime/zero/muon/ arrived in 0.17.6)"
+    assert run.returncode == 4 and said in run.stderr, run.stderr[-2000:]
+    assert len([line for line in run.stderr.splitlines() if said in line]) == 1, run.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+def test_a_bug_planted_in_deepspeed_fails_the_engine_gate_against_the_reference_at_every_stage(
+    tmp_path: Path,
+) -> None:
+    """Muon's momentum zeroed after each DeepSpeed step (examples/deepspeed_planted_bugs.py)."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip(f"needs {ENGINES}")
+    run = _engine_session(tmp_path, "--engine", DEEPSPEED, "-k", "planted_deepspeed")
+    assert run.returncode == 0, run.stdout[-4000:]
+    gates = json.loads((tmp_path / "report" / "figures.json").read_text())["gates"]
+    planted = {f"negative:engine:deepspeed momentum_restarted stage {s}" for s in range(4)}
+    assert planted <= set(gates), sorted(gates)
+    assert all(gates[name]["verdicts"].get("reference", [1, 1])[0] == 0 for name in planted), run.stdout[-4000:]
