@@ -303,7 +303,7 @@ def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None
     """``matrix -> fn(matrix, …)`` with a param group's Newton–Schulz settings (``fn``: ``orthogonalize``)."""
     kernel = orthogonalize if fn is None else fn
     # only where they are not the defaults, so that a kernel of the older signature still runs
-    forms = {k: group[k] for k in ("ns_form", "ns_normalize") if group.get(k, MUON_DEFAULTS[k]) != MUON_DEFAULTS[k]}
+    forms = {k: group[k] for k in ("ns_form", "ns_normalize") if form_of(group, k) != FORM_DEFAULTS[k]}
 
     def run(matrix: Tensor) -> Tensor:
         return kernel(
@@ -448,7 +448,7 @@ def validate_settings(group: dict[str, Any]) -> None:
         raise bad("eps_form", f"is not one of {get_args(EpsForm)}")
     if group["adjust_lr_fn"] not in get_args(LrAdjust):
         raise bad("adjust_lr_fn", f"is not one of {get_args(LrAdjust)}")
-    gram = group["ns_form"] in ("gram", "gram_addmm")
+    gram = form_of(group, "ns_form") in ("gram", "gram_addmm")
     if group["ns_dtype"] not in (_NS_DTYPES_TAKEN if gram else _NS_DTYPES):
         raise bad("ns_dtype", "must be torch.bfloat16 or torch.float32 (torch.float16 with a Gram ns_form)")
     for name, kind in (
@@ -457,7 +457,7 @@ def validate_settings(group: dict[str, Any]) -> None:
         ("lr_scale_on", LrScaleOn),
         ("adamw_form", AdamwForm),
     ):
-        if group[name] not in get_args(kind):
+        if form_of(group, name) not in get_args(kind):
             raise bad(name, f"is not one of {get_args(kind)}")
     if not (isinstance(group["ns_steps"], int) and 0 <= group["ns_steps"] < 100):
         raise bad("ns_steps", "must be an int in [0, 100)")
@@ -483,16 +483,24 @@ MUON_DEFAULTS: dict[str, Any] = dict(
     eps_form="add",
     ns_dtype=torch.bfloat16,
     adjust_lr_fn="original",
-    ns_form="addmm",
-    ns_normalize="ns_dtype",
-    lr_scale_on="lr",
-    adamw_form="torch",
     use_muon=True,
     adamw_lr=3e-4,
     adamw_betas=(0.9, 0.95),
     adamw_eps=1e-8,
     adamw_weight_decay=0.0,
 )
+
+
+#: the settings that express another Muon's arithmetic (DeepSpeed's), with the defaults that are
+#: the reference's own. ``reference.Muon`` takes them, but they are not in ``MUON_DEFAULTS``
+#: (``Muon.DEFAULTS``), which is what every candidate is handed and the gates draw from: a
+#: param group holds one only where it was given.
+FORM_DEFAULTS: dict[str, Any] = dict(ns_form="addmm", ns_normalize="ns_dtype", lr_scale_on="lr", adamw_form="torch")
+
+
+def form_of(group: dict[str, Any], name: str) -> Any:
+    """A param group's form setting (``FORM_DEFAULTS``), its default where the group has none."""
+    return group.get(name, FORM_DEFAULTS[name])
 
 
 FLOAT32_STATE = ("momentum_buffer", "exp_avg", "exp_avg_sq")
@@ -526,7 +534,10 @@ class Muon(torch.optim.Optimizer):
     ``use_muon=False`` run AdamW with ``adamw_lr``, ``adamw_betas``, ``adamw_eps`` and
     ``adamw_weight_decay``. Every other keyword is a convention described in the module
     docstring; keyword names follow ``torch.optim.Muon``. ``orthogonalize_fn`` replaces
-    ``orthogonalize`` (same signature), e.g. a kernel under test.
+    ``orthogonalize`` (same signature), e.g. a kernel under test; it is handed ``ns_form`` and
+    ``ns_normalize`` only where they are not the defaults. Those and ``lr_scale_on`` and
+    ``adamw_form`` (``FORM_DEFAULTS``) are taken but are not in ``DEFAULTS``: a candidate is
+    not handed them, and the gates do not draw them.
     """
 
     #: the settings the gates draw, each with its values, the default (the shrink target) first
@@ -555,9 +566,11 @@ class Muon(torch.optim.Optimizer):
         self, params: Iterable[Any], *, orthogonalize_fn: Callable[..., Tensor] | None = None, **settings: Any
     ) -> None:
         self.orthogonalize_fn = orthogonalize_fn
-        unknown = set(settings) - set(MUON_DEFAULTS)
+        unknown = set(settings) - set(MUON_DEFAULTS) - set(FORM_DEFAULTS)
         if unknown:
-            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(MUON_DEFAULTS)}")
+            raise ValueError(
+                f"unknown setting(s) {sorted(unknown)}; known: {sorted({**MUON_DEFAULTS, **FORM_DEFAULTS})}"
+            )
         super().__init__(params, {**MUON_DEFAULTS, **settings})
         for gi, group in enumerate(self.param_groups):
             validate_settings(group)
@@ -603,7 +616,7 @@ class Muon(torch.optim.Optimizer):
         )
         ortho = group_orthogonalizer(group, self.orthogonalize_fn)(update)
         scale = lr_scale(p.shape, group["adjust_lr_fn"])
-        if group["lr_scale_on"] == "update":
+        if form_of(group, "lr_scale_on") == "update":
             ortho = ortho * scale  # in the update's own dtype, rounded there
             scale = 1.0
         apply_update(p, ortho, group["lr"], group["weight_decay"], group["lr"] * scale)
@@ -615,7 +628,7 @@ class Muon(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         state["step"] += 1
-        step = keller_adam_update if group["adamw_form"] == "keller" else adamw_update
+        step = keller_adam_update if form_of(group, "adamw_form") == "keller" else adamw_update
         step(
             p,
             grad,
