@@ -163,3 +163,35 @@ def test_adamw_group_matches_torch_adamw_bitwise():
 def test_bad_arguments_raise_value_error_naming_the_value(kwargs, params, message):
     with pytest.raises(ValueError, match=message):
         Muon([torch.nn.Parameter(p) for p in params], **kwargs)
+
+
+# -- the forms that express another Muon's arithmetic (DeepSpeed's; reference.muon.FORM_DEFAULTS) --
+
+
+def test_the_form_settings_are_taken_but_not_handed_to_candidates_nor_drawn() -> None:
+    from reference.muon import FORM_DEFAULTS
+
+    assert not set(FORM_DEFAULTS) & set(Muon.DEFAULTS), "a candidate would be handed them"
+    assert not set(FORM_DEFAULTS) & {*Muon.SPACE, *Muon.CONVENTIONS}, "the gates would draw them"
+    p0, grads = _inputs((7, 5), torch.float32)
+    assert torch.equal(_run(Muon, p0, grads)[0], _run(Muon, p0, grads, **FORM_DEFAULTS)[0])
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, (5, 5), (3, 17)])
+@pytest.mark.parametrize("form", ["gram", "gram_addmm"])
+def test_gram_forms_orthogonalize_as_the_expanded_form_does_in_float64(shape: tuple[int, int], form: str) -> None:
+    """The same polynomial of the same matrix, restart and all: in float64 the Gram forms and
+    the plain iteration agree to roundoff (a wrong Q, R or restart lands far from it)."""
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    plain = orthogonalize(G, 5, dtype=torch.float64, ns_form="expanded")
+    gram = orthogonalize(G, 5, dtype=torch.float64, ns_form=form)
+    assert torch.allclose(gram, plain, rtol=0, atol=1e-9), (gram - plain).abs().max()
+
+
+def test_float16_newton_schulz_is_taken_with_a_gram_form_and_lr_scale_on_update_rounds_there() -> None:
+    p0, grads = _inputs((9, 4), torch.float32)
+    ours, _ = _run(Muon, p0, grads, ns_form="gram", ns_dtype=torch.float16, lr_scale_on="update")
+    scaled_lr, _ = _run(Muon, p0, grads, ns_form="gram", ns_dtype=torch.float16)
+    assert torch.isfinite(ours).all() and not torch.equal(ours, scaled_lr)  # √(9/4) rounded in fp16 first
+    with pytest.raises(ValueError, match="ns_form='gramm' is not one of"):
+        Muon([torch.zeros(3, 3, requires_grad=True)], ns_form="gramm")
