@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -63,3 +64,29 @@ def test_the_front_page_and_the_contract_render_in_headless_chromium(site: Path,
     texts, shot = open_in_chromium(site / "candidates" / "index.html", tmp_path / "profile2")
     assert any("single_device" in t for t in texts) and any("thresholds" in t for t in texts), texts[:40]
     assert len(shot) > 20_000, "the contract page rendered blank"
+
+
+class _Recorded:
+    """What ``add_options`` adds, recorded in place of pytest's parser."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def getgroup(self, *args: Any, **kwargs: Any) -> _Recorded:
+        return self
+
+    def addoption(self, *names: str, **kwargs: Any) -> None:
+        self.names.extend(n for n in names if n.startswith("--"))
+
+
+def test_the_options_page_lists_every_option_the_plugin_defines_as_it_is_written() -> None:
+    from harness.plugin.options import add_options
+
+    recorded = _Recorded()
+    add_options(recorded)  # type: ignore[arg-type]  # it only adds options
+    page = (REPO / "docs" / "pages" / "options.md").read_text(encoding="utf-8")
+    assert {"--nproc", "--impl", "--gate-report"} <= set(recorded.names), recorded.names
+    missing = [name for name in recorded.names if not re.search(rf"`{re.escape(name)}[ =`]", page)]
+    assert not missing, f"docs/pages/options.md does not list {missing}"
+    # pytest takes the DIR of ``--gate-report DIR`` for a test path when it chooses its rootdir
+    assert "| `--gate-report DIR` |" not in page and "| `--gate-report=DIR` |" in page

@@ -62,7 +62,7 @@ BAD_OPTIONS = [
     ),
     (["--gate-report", "conftest.py"], {}, "ERROR: --gate-report conftest.py: that is a file; name a directory*"),
     (["--gate-device", "tpu"], {}, "*--gate-device: invalid choice: 'tpu'*"),
-    (["--impl", "nowhere:muon"], {}, "ERROR: --impl nowhere:muon: No module named 'nowhere'; expected MODULE:FACTORY*"),
+    (["--impl", "nowhere:muon"], {}, "ERROR: --impl nowhere:muon: No module named 'nowhere' on sys.path (*"),
     (["--kernel", "reference"], {}, "ERROR: --kernel reference: 'reference' is not of the form MODULE:NAME*"),
     (["--gate-baseline", "missing.json"], {}, "ERROR: --gate-baseline missing.json: *expected the figures.json*"),
     (

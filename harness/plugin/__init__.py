@@ -519,14 +519,25 @@ def _kernel(config: pytest.Config) -> Any:
 
 
 def _load_plugin(config: pytest.Config, option: str, load: Callable[[str], Any], form: str) -> Any:
-    """``--option MODULE:NAME`` loaded by ``load``; any import or declaration error is a usage error."""
+    """``--option MODULE:NAME`` (or ``path/to/file.py:NAME``) loaded by ``load``; any error in
+    importing its module, or in its declaration, is a one-line usage error."""
+    from harness.candidates.loading import PluginImportError, import_spec, is_file_spec
+
     spec = config.getoption(option)
     if spec is None:
         return None
     try:
-        return load(spec)
+        named = import_spec(option, spec, form)  # the loaders, and the ranks, import the module by its name
+    except PluginImportError as e:
+        raise pytest.UsageError(str(e)) from e
+    if is_file_spec(spec):
+        # The reproduce commands repeat this option, and run from any directory.
+        module_part, _, attr = spec.rpartition(":")
+        setattr(config.option, option, f"{Path(module_part).resolve()}:{attr}")
+    try:
+        return load(named)
     except (ImportError, AttributeError, TypeError, ValueError) as e:
-        said = str(e).removeprefix(f"--{option} {spec}: ")  # the loaders name the option too
+        said = str(e).removeprefix(f"--{option} {spec}: ").removeprefix(f"--{option} {named}: ")  # they name it too
         raise pytest.UsageError(f"--{option} {spec}: {said}; expected {form} importable from here") from e
 
 

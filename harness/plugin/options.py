@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -106,12 +108,14 @@ def add_options(parser: pytest.Parser) -> None:
         "--gate-report",
         default=DEFAULT_REPORT_DIR,
         metavar="DIR",
-        help=f"directory for results.jsonl, equivalence.html and equivalence.md (default: {DEFAULT_REPORT_DIR}).",
+        help=f"directory for results.jsonl, equivalence.html and equivalence.md (default: {DEFAULT_REPORT_DIR}); "
+        "write --gate-report=DIR: pytest takes the DIR of --gate-report DIR for a test path when it chooses its rootdir.",
     )
 
 
 def check_options(config: pytest.Config) -> None:
     """Raises ``pytest.UsageError`` for the first option value that cannot work."""
+    _check_path_spelling(config)
     nproc = config.getoption("nproc")
     if nproc is not None and nproc < 1:
         raise pytest.UsageError(f"--nproc {nproc}: the pool needs at least one rank; try --nproc 2")
@@ -126,9 +130,51 @@ def check_options(config: pytest.Config) -> None:
     report = Path(config.getoption("gate_report"))
     if report.exists() and not report.is_dir():
         raise pytest.UsageError(
-            f"--gate-report {report}: that is a file; name a directory, e.g. --gate-report gate-report"
+            f"--gate-report {report}: that is a file; name a directory, e.g. --gate-report=gate-report"
         )
     _check_profile(config)
+
+
+#: the options whose value is a path: pytest chooses its rootdir and configfile before any plug-in's
+#: options are known, so the value of ``--gate-report DIR`` (two tokens) is a test path to it there
+_PATH_OPTIONS = ("--gate-report", "--gate-baseline")
+
+
+def _check_path_spelling(config: pytest.Config) -> None:
+    """Refuses a path option spelled as two tokens whose value made pytest choose another rootdir or
+    configfile than the session's own arguments would have (then the project's configuration, its
+    markers and its node ids are lost, and nothing a plug-in does afterwards brings them back)."""
+    args = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *map(str, config.invocation_params.args)]
+    if "--" in args:  # after it every token is a test path
+        args = args[: args.index("--")]
+    given = [(option, value) for option, value in pairwise(args) if option in _PATH_OPTIONS]
+    if not given:
+        return
+    try:
+        from _pytest.config.findpaths import determine_setup
+    except ImportError:  # a pytest without it: the session goes on as pytest set it up
+        return
+
+    def setup(paths: list[str]) -> tuple[Path, Path | None]:
+        rootpath, inipath, *_ = determine_setup(
+            inifile=config.option.inifilename,
+            override_ini=config.option.override_ini,
+            args=paths,
+            rootdir_cmd_arg=config.option.rootdir or None,
+            invocation_dir=config.invocation_params.dir,
+        )
+        return rootpath, inipath
+
+    positional = [str(a) for a in config.getoption("file_or_dir") or []]
+    chosen = (config.rootpath, config.inipath)
+    right = setup(positional)
+    for option, value in given:
+        if right != chosen and setup([*positional, value]) == chosen:
+            raise pytest.UsageError(
+                f"{option} {value}: pytest took {value} for a test path when it chose its rootdir {chosen[0]} and "
+                f"configfile {chosen[1] or '(none)'}, before it knew muongate's options (without it: {right[0]} and "
+                f"{right[1] or '(none)'}); write {option}={value}"
+            )
 
 
 def _check_profile(config: pytest.Config) -> None:
