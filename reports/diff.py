@@ -9,6 +9,7 @@ than ``ERROR_MARGIN`` above the baseline's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rich.table import Table
@@ -20,6 +21,11 @@ BAND_MARGIN = 0.01
 
 
 def _grew(base: float, now: float) -> bool:
+    """Whether ``now`` is past the margin above ``base``; a NaN now is worse than any number
+    before it (a comparison with NaN alone is false, and would let it pass), and no worse than
+    a NaN before."""
+    if math.isnan(now) or math.isnan(base):
+        return math.isnan(now) and not math.isnan(base)
     return now > base * (1 + ERROR_MARGIN) and now - base > 1e-12
 
 
@@ -91,6 +97,8 @@ def diff_runs(base: RunSummary, now: RunSummary) -> RunDiff:
 def _band_widened(b: GateSummary, n: GateSummary) -> bool:
     if b.sv_min is None or b.sv_max is None or n.sv_min is None or n.sv_max is None:
         return False
+    if math.isnan(n.sv_min) or math.isnan(n.sv_max):  # as in _grew: NaN is past any band
+        return not (math.isnan(b.sv_min) or math.isnan(b.sv_max))
     return n.sv_min < b.sv_min - BAND_MARGIN or n.sv_max > b.sv_max + BAND_MARGIN
 
 

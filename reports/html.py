@@ -10,8 +10,9 @@ from __future__ import annotations
 import html
 import math
 import re
+import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from reports.records import CaseResult, Spectrum, Training
 from reports.summary import (
@@ -21,11 +22,14 @@ from reports.summary import (
     TRAINING_COLUMNS,
     GateSummary,
     RunSummary,
+    encodable,
+    fmt,
     gate_row,
     identity,
     layout_counts,
     scenario_row,
     training_row,
+    worse,
 )
 
 _STYLE = """
@@ -87,26 +91,52 @@ def _histogram(gate: str, counts: Counter[str]) -> str:
     return "".join(parts)
 
 
+def _scale(lo: float, hi: float, start: float, length: float) -> Callable[[float], float]:
+    """A chart's y: ``lo`` at ``start + length``, ``hi`` at ``start`` (an SVG's y grows down the
+    page), ``lo`` and ``hi`` finite. What lies beyond either, an infinity too, is drawn at that
+    edge; NaN is the caller's to leave out, as nowhere is right for it."""
+    # by halves: hi - lo overflows to inf between the largest finite figures of either sign
+    span = hi / 2 - lo / 2
+
+    def at(v: float) -> float:
+        t = 0.5 if span <= 0 else (v / 2 - lo / 2) / span
+        return start + length * (1 - min(1.0, max(0.0, t)))
+
+    return at
+
+
+def _not_drawn(values: Iterable[float]) -> str:
+    """What a chart's label says of its NaN figures, which it cannot place."""
+    nan = sum(math.isnan(v) for v in values)
+    return f"; {nan} NaN not drawn" if nan else ""
+
+
 def _spectrum(record: Spectrum) -> str:
     width, height, pad = 420, 180, 30
-    values = sorted(record.singular_values, reverse=True)
+    values = sorted((v for v in record.singular_values if not math.isnan(v)), reverse=True)
+    finite = [v for v in values if math.isfinite(v)]
     lo_band, hi_band = record.band
-    y_max = max(1.5, max(values) * 1.05)
-
-    def y(v: float) -> float:
-        return pad + (height - 2 * pad) * (1 - v / y_max)
-
+    # a little room above the largest value, short of overflowing to inf
+    top = min(max([1.5, *finite]) * 1.05, sys.float_info.max)
+    y = _scale(min([0.0, *finite]), top, pad, height - 2 * pad)
     n = len(values)
     points = " ".join(f"{pad + (width - 2 * pad) * (i / max(1, n - 1)):.1f},{y(v):.1f}" for i, v in enumerate(values))
-    label = f"{record.gate} {tuple(record.shape)} {record.dtype}: singular values, sorted"
+    label = f"{record.gate} {tuple(record.shape)} {record.dtype}: singular values, sorted" + _not_drawn(
+        record.singular_values
+    )
+    band = ""
+    if not (math.isnan(lo_band) or math.isnan(hi_band)):
+        band_top, band_bottom = sorted((y(hi_band), y(lo_band)))
+        band = f'<rect x="{pad}" y="{band_top:.1f}" width="{width - 2 * pad}" height="{band_bottom - band_top:.1f}" fill="#e3f2fd"/>'
+    band_label = y(lo_band) if not math.isnan(lo_band) else height - pad
     return (
         f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(label)}">'
-        f'<rect x="{pad}" y="{y(hi_band):.1f}" width="{width - 2 * pad}" height="{y(lo_band) - y(hi_band):.1f}" fill="#e3f2fd"/>'
+        f"{band}"
         f'<line x1="{pad}" x2="{width - pad}" y1="{y(1.0):.1f}" y2="{y(1.0):.1f}" stroke="#555" stroke-dasharray="4 3"/>'
         f'<polyline points="{points}" fill="none" stroke="#1565c0" stroke-width="2"/>'
         f'<text x="{pad}" y="14" font-size="11">{html.escape(label)}</text>'
         f'<text x="{width - pad}" y="{y(1.0) - 4:.1f}" font-size="10" text-anchor="end">exact polar factor (1)</text>'
-        f'<text x="{pad + 4}" y="{y(lo_band) - 4:.1f}" font-size="10">band {lo_band}–{hi_band}</text>'
+        f'<text x="{pad + 4}" y="{band_label - 4:.1f}" font-size="10">band {lo_band}–{hi_band}</text>'
         + "".join(
             f'<text x="{pad - 4}" y="{y(t) + 3:.1f}" font-size="10" text-anchor="end">{t:g}</text>'
             f'<line x1="{pad}" x2="{pad + 4}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#555"/>'
@@ -117,33 +147,43 @@ def _spectrum(record: Spectrum) -> str:
 
 
 def _loss_curve(record: Training) -> str:
-    """Training bits per byte at each step, and the held-out figure before and after."""
+    """Training bits per byte at each step, and the held-out figure before and after; a NaN
+    step breaks the line, an infinite one is drawn at the chart's edge."""
     width, height, pad = 420, 180, 34
     values = [float(v) for v in record.train_bits]
     held = [float(v) for v in record.held_out_bits if v is not None]
-    lo, hi = min(values + held), max(values + held)
-    span = (hi - lo) or 1.0
+    finite = [v for v in values + held if math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    y = _scale(lo, hi, pad, height - 2 * pad)
 
     def x(i: float) -> float:
         return pad + (width - 2 * pad) * (i / max(1, len(values) - 1))
 
-    def y(v: float) -> float:
-        return pad + (height - 2 * pad) * (1 - (v - lo) / span)
-
-    points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
+    runs: list[list[str]] = [[]]
+    for i, v in enumerate(values):
+        if math.isnan(v):
+            runs.append([])
+        else:
+            runs[-1].append(f"{x(i):.1f},{y(v):.1f}")
+    lines = "".join(
+        f'<polyline points="{" ".join(run)}" fill="none" stroke="#1565c0" stroke-width="2"/>' for run in runs if run
+    )
     dots = "".join(
         f'<circle cx="{x(i * (len(values) - 1)):.1f}" cy="{y(v):.1f}" r="4" fill="#c62828"/>'
         for i, v in enumerate(held)
+        if not math.isnan(v)
+    )
+    ticks = "".join(
+        f'<text x="{pad - 4}" y="{y(v) + 3:.1f}" font-size="10" text-anchor="end">{v:.2f}</text>'
+        for v in ((hi, lo) if finite else ())
     )
     label = f"{record.gate}: {record.case}"
     return (
         f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(label)}">'
-        f'<polyline points="{points}" fill="none" stroke="#1565c0" stroke-width="2"/>{dots}'
-        f'<text x="{pad}" y="14" font-size="11">{html.escape(label[:70])}</text>'
-        f'<text x="{pad - 4}" y="{y(hi) + 3:.1f}" font-size="10" text-anchor="end">{hi:.2f}</text>'
-        f'<text x="{pad - 4}" y="{y(lo) + 3:.1f}" font-size="10" text-anchor="end">{lo:.2f}</text>'
+        f"{lines}{dots}"
+        f'<text x="{pad}" y="14" font-size="11">{html.escape(label[:70])}</text>{ticks}'
         f'<text x="{width - pad}" y="{height - 6}" font-size="10" text-anchor="end">'
-        f"step {len(values) - 1}; line: training bits/byte, dots: held-out</text>"
+        f"step {len(values) - 1}; line: training bits/byte, dots: held-out{_not_drawn(values + held)}</text>"
         "</svg>"
     )
 
@@ -151,7 +191,8 @@ def _loss_curve(record: Training) -> str:
 def _diff_grid(case: CaseResult) -> str:
     """A failing case's comparisons (those it was judged on) as a grid: a row per tensor, a
     column per step, each cell the worst max|diff| over the ranks (green where every rank
-    passed, else a red that darkens with log10 max|diff|), its figure in the cell's title."""
+    passed, else a red that darkens with log10 max|diff|, darkest where it is infinite or
+    NaN), its figure in the cell's title."""
     # under --against self the case was judged against the candidate on one device
     judged = "self" if any(c.against == "self" for c in case.comparisons) else "reference"
     worst: dict[tuple[str, int], tuple[float, bool]] = {}
@@ -159,7 +200,7 @@ def _diff_grid(case: CaseResult) -> str:
         if c.against != judged:
             continue
         diff, ok = worst.get((c.tensor, c.step), (0.0, True))
-        worst[(c.tensor, c.step)] = (max(diff, c.max_abs_diff), ok and c.passed)
+        worst[(c.tensor, c.step)] = (worse(diff, c.max_abs_diff), ok and c.passed)
     if not worst:
         return ""
     tensors = sorted({t for t, _ in worst})
@@ -167,7 +208,8 @@ def _diff_grid(case: CaseResult) -> str:
     cell, left, top = 22, max(60, 7 * max(len(t) for t in tensors)), 30
     # wide enough for its two lines of text whatever the grid's size
     width, height = max(560, left + cell * len(steps) + 10), top + cell * len(tensors) + 28
-    diffs = [d for d, ok in worst.values() if not ok and d > 0]
+    failing = [d for d, ok in worst.values() if not ok]
+    diffs = [d for d in failing if math.isfinite(d) and d > 0]
     lo, hi = (math.log10(min(diffs)), math.log10(max(diffs))) if diffs else (0.0, 0.0)
     label = f"max|diff| by step and tensor: {case.case}"
     parts = [f'<svg width="{width}" height="{height}" role="img" aria-label="{_e(label)}">']
@@ -188,20 +230,28 @@ def _diff_grid(case: CaseResult) -> str:
                 continue
             diff, ok = worst[(tensor, step)]
             if ok:
-                fill, title = "#c8e6c9", "passed" + (f", max|diff| {diff:.3g}" if diff else ", bitwise")
+                fill, title = "#c8e6c9", "passed" + (f", max|diff| {fmt(diff)}" if diff else ", bitwise")
             else:
-                t = 0.5 if hi == lo or diff <= 0 else (math.log10(diff) - lo) / (hi - lo)
+                if not math.isfinite(diff):
+                    t = 1.0
+                elif hi == lo or diff <= 0:
+                    t = 0.5
+                else:
+                    t = (math.log10(diff) - lo) / (hi - lo)
                 fill, title = (
                     f"rgb({255 - round(80 * t)},{round(190 * (1 - t))},{round(190 * (1 - t))})",
-                    f"max|diff| {diff:.3g}",
+                    f"max|diff| {fmt(diff)}",
                 )
             parts.append(
                 f'<rect x="{left + j * cell}" y="{y}" width="{cell - 2}" height="{cell - 2}" fill="{fill}">'
                 f"<title>{_e(tensor)} step {step}: {title}</title></rect>"
             )
+    shades = [f"{min(diffs):.2g} to {max(diffs):.2g}" if lo != hi else f"{max(diffs):.2g}"] if diffs else []
+    shades += ["darkest: inf or nan"] if any(not math.isfinite(d) for d in failing) else []
+    scale = f" ({'; '.join(shades)})" if shades else ""
     parts.append(
         f'<text x="0" y="{height - 6}" font-size="10">green: every rank passed; red: failed, darker for a larger '
-        f"max|diff| ({10**lo:.2g} to {10**hi:.2g})</text></svg>"
+        f"max|diff|{scale}</text></svg>"
     )
     return "".join(parts)
 
@@ -315,4 +365,4 @@ def page(summary: RunSummary) -> str:
         parts.append("<h2>Orthogonalized spectra against the float64 polar factor</h2>")
         parts.append("".join(f"<figure>{_spectrum(r)}</figure>" for r in summary.spectra[:24]))
     parts.append("</main></body></html>")
-    return "".join(parts)
+    return encodable("".join(parts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from reports.summary import (
@@ -10,6 +11,7 @@ from reports.summary import (
     SCENARIO_COLUMNS,
     TRAINING_COLUMNS,
     RunSummary,
+    encodable,
     gate_row,
     layout_rows,
     scenario_row,
@@ -19,7 +21,13 @@ from reports.summary import (
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    # a line break of any kind ends a table's row
+    return re.sub(r"\r\n?|\n", " ", text.replace("|", "\\|"))
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any run of backticks in ``text``, which would close a shorter one."""
+    return "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: set[str]) -> list[str]:
@@ -41,7 +49,8 @@ def to_markdown(summary: RunSummary) -> str:
         lines += ["", f"**FAILED** `{f.gate}`: {f.finding}", "", f"minimal case: `{f.case}`"]
         if f.narrowed:
             lines += ["", f"narrowed for the candidate: {'; '.join(f.narrowed)}"]
-        lines += ["", "```", f.message[:2000], "```"]
+        message = f.message[:2000]
+        lines += ["", _fence(message), message, _fence(message)]
         if f.reproduce:
             lines += ["", f"reproduce: `{f.reproduce}`"]
     if summary.negative_controls:
@@ -60,4 +69,4 @@ def to_markdown(summary: RunSummary) -> str:
         )
     if summary.skips:
         lines += ["", "## Skipped", ""] + [f"- `{s.gate}`: {s.reason}" for s in summary.skips]
-    return "\n".join(lines) + "\n"
+    return encodable("\n".join(lines) + "\n")

@@ -24,7 +24,10 @@ class ResultStream:
         self._file: TextIO | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            # backslashreplace: a lone surrogate in a string (output decoded with surrogateescape)
+            # is written as "\\udcff", JSON's own escape for it, which reads back as the same
+            # string, where strict UTF-8 raised and lost the record
+            self._file = open(self.path, "w", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115 - closed in close()
 
     def write(self, record: Record, *, sync: bool = False) -> None:
         if self._file is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from reports.records import (
@@ -36,6 +36,14 @@ def diff_bucket(c: Comparison) -> str:
         if c.max_abs_diff < bound:
             return name
     return ">=1"
+
+
+def worse(a: float | None, b: float, pick: Callable[[float, float], float] = max) -> float:
+    """``pick(a, b)`` (``b`` where ``a`` is ``None``), but NaN where either is: a NaN figure is
+    the worst there is, and ``max`` alone keeps or drops it by the order its arguments came in."""
+    if a is None:
+        return b
+    return math.nan if math.isnan(a) or math.isnan(b) else pick(a, b)
 
 
 @dataclass
@@ -94,19 +102,19 @@ class GateSummary:
             self.uncompared_failures += not case.comparisons
         f = case.figures
         if "sv_min" in f:
-            self.sv_min = f["sv_min"] if self.sv_min is None else min(self.sv_min, f["sv_min"])
+            self.sv_min = worse(self.sv_min, f["sv_min"], min)
         if "sv_max" in f:
-            self.sv_max = f["sv_max"] if self.sv_max is None else max(self.sv_max, f["sv_max"])
+            self.sv_max = worse(self.sv_max, f["sv_max"])
         if "orthogonality_error" in f:
-            self.worst_orthogonality = max(self.worst_orthogonality or 0.0, f["orthogonality_error"])
+            self.worst_orthogonality = worse(self.worst_orthogonality or 0.0, f["orthogonality_error"])
         for c in case.comparisons:
             self.comparisons += 1
             self.tiers.add(c.tier)
             self.bitwise += c.bitwise
             self.tolerance_passes += c.passed and not c.bitwise
-            self.worst_abs_diff = max(self.worst_abs_diff or 0.0, c.max_abs_diff)
-            self.worst_ulp = max(self.worst_ulp or 0.0, c.max_ulp)
-            self.worst_rel_fro = max(self.worst_rel_fro or 0.0, c.rel_fro)
+            self.worst_abs_diff = worse(self.worst_abs_diff or 0.0, c.max_abs_diff)
+            self.worst_ulp = worse(self.worst_ulp or 0.0, c.max_ulp)
+            self.worst_rel_fro = worse(self.worst_rel_fro or 0.0, c.rel_fro)
             self.histogram[diff_bucket(c)] += 1
 
 
@@ -162,10 +170,15 @@ def summarize(records: Iterable[Record]) -> RunSummary:
 
 
 def fmt(x: float | None) -> str:
-    """A figure for a table: ``–`` where nothing was measured."""
-    if x is None:
-        return "–"
-    return "inf" if math.isinf(x) else f"{x:.3g}"
+    """A figure for a table: ``–`` where nothing was measured; ``nan``, ``inf`` and ``-inf`` as
+    Python writes them (``-inf`` was ``inf`` here once, losing its sign)."""
+    return "–" if x is None else f"{x:.3g}"
+
+
+def encodable(text: str) -> str:
+    """``text`` with each lone surrogate (output decoded with ``surrogateescape``) written as its
+    escape, ``\\udcff``: a file, a terminal or a job summary written as UTF-8 refuses it whole."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def scenario_row(r: Scenario) -> tuple[str, str, str, str, str]:

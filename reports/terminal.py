@@ -1,4 +1,8 @@
-"""The summary as rich renderables, for the terminal (and a golden test on a plain console)."""
+"""The summary as rich renderables, for the terminal (and a golden test on a plain console).
+
+Every string from a record goes in as ``Text``, never as a ``str``, which rich reads as console
+markup: a gate named ``[/]`` raised ``MarkupError``, and ``:smile:`` became an emoji.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from reports.summary import (
     SCENARIO_COLUMNS,
     TRAINING_COLUMNS,
     RunSummary,
+    encodable,
     gate_row,
     layout_rows,
     scenario_row,
@@ -23,6 +28,11 @@ from reports.summary import (
 )
 
 _OUTCOME_STYLE = {"completed": "green", "error": "bold red"}
+
+
+def _text(text: str, style: str = "", **kwargs: Any) -> Text:
+    """A record's string as it is (no markup), and writable to a UTF-8 terminal."""
+    return Text(encodable(text), style=style, **kwargs)
 
 
 def _table(heading: str, columns: tuple[str, ...], left: set[str], *, wide: str | None = None, width: int = 0) -> Table:
@@ -40,17 +50,18 @@ def _table(heading: str, columns: tuple[str, ...], left: set[str], *, wide: str 
 def render(summary: RunSummary) -> Group:
     gates = summary.ordered_gates()
     longest = max((len(g.gate) for g in gates), default=4)
-    table = _table(title(summary.header), GATE_COLUMNS, {"tiers", "judged"}, wide="gate", width=longest)
+    table = _table("", GATE_COLUMNS, {"tiers", "judged"}, wide="gate", width=longest)
+    table.title = _text(title(summary.header), "table.title")
     table.caption, table.caption_justify = GATE_LEGEND, "left"
     for g in gates:
         cells = gate_row(g)
-        table.add_row(Text(cells[0], style="red" if g.failed_cases else "green"), *cells[1:])
+        table.add_row(_text(cells[0], "red" if g.failed_cases else "green"), *map(_text, cells[1:]))
     parts: list[Any] = [table]
     layouts = layout_rows(summary)
     if layouts:
         families = _table("cases per layout family", ("gate", "layouts"), {"gate", "layouts"})
         for row in layouts:
-            families.add_row(*row)
+            families.add_row(*map(_text, row))
         parts.append(families)
     if summary.negative_controls:
         controls = Table(
@@ -63,7 +74,7 @@ def render(summary: RunSummary) -> Group:
         controls.add_column("minimal case", overflow="fold")
         for c in summary.negative_controls:
             caught = Text("yes", style="green") if c.detected else Text("NO", style="bold red")
-            controls.add_row(c.gate.removeprefix("negative:"), caught, c.case)
+            controls.add_row(_text(c.gate.removeprefix("negative:")), caught, _text(c.case))
         parts.append(controls)
     if summary.scenarios:
         table = _table(
@@ -71,28 +82,26 @@ def render(summary: RunSummary) -> Group:
         )
         for r in summary.scenarios:
             gate, name, outcome, seconds, detail = scenario_row(r)
-            table.add_row(gate, name, Text(outcome, style=_OUTCOME_STYLE.get(outcome, "yellow")), seconds, detail[:400])
+            outcome_cell = _text(outcome, _OUTCOME_STYLE.get(outcome, "yellow"))
+            table.add_row(_text(gate), _text(name), outcome_cell, _text(seconds), _text(detail[:400]))
         parts.append(table)
     if summary.training:
-        # The family the run judged (the header's reference class), not always Muon: AdamW candidates train too.
-        family = summary.header.reference.rpartition(":")[2]
-        trained = f"sharded {family}" if family and family != "none" else "the sharded candidate"
         table = _table(
-            f"training (FSDP2 + {trained}), bits per byte: first → last step", TRAINING_COLUMNS, {"gate", "case"}
+            "training (FSDP2 + sharded Muon), bits per byte: first → last step", TRAINING_COLUMNS, {"gate", "case"}
         )
         for t in summary.training:
-            table.add_row(*training_row(t))
+            table.add_row(*map(_text, training_row(t)))
         parts.append(table)
     for f in summary.failures:
         tried = summary.gates[f.gate].failed_cases
-        parts.append(Text(f"FAILED {f.gate}: {f.finding} ({tried} failing case(s) while shrinking)", style="bold red"))
-        parts.append(Text(f"minimal case: {f.case}"))
+        parts.append(_text(f"FAILED {f.gate}: {f.finding} ({tried} failing case(s) while shrinking)", "bold red"))
+        parts.append(_text(f"minimal case: {f.case}"))
         if f.narrowed:
-            parts.append(Text(f"narrowed for the candidate: {'; '.join(f.narrowed)}"))
-        parts.append(Text(f.message[:2000]))
+            parts.append(_text(f"narrowed for the candidate: {'; '.join(f.narrowed)}"))
+        parts.append(_text(f.message[:2000]))
         if f.reproduce:
             # One line, however long: it is there to be copied.
-            parts.append(Text(f"reproduce: {f.reproduce}", no_wrap=True, overflow="ignore"))
+            parts.append(_text(f"reproduce: {f.reproduce}", no_wrap=True, overflow="ignore"))
     for skip in summary.skips:
-        parts.append(Text(f"SKIPPED {skip.gate}: {skip.reason}", style="yellow"))
+        parts.append(_text(f"SKIPPED {skip.gate}: {skip.reason}", "yellow"))
     return Group(*parts)
