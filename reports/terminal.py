@@ -86,8 +86,11 @@ def render(summary: RunSummary) -> Group:
             table.add_row(_text(gate), _text(name), outcome_cell, _text(seconds), _text(detail[:400]))
         parts.append(table)
     if summary.training:
+        # The family the run judged (the header's reference class), not always Muon: AdamW candidates train too.
+        family = summary.header.reference.rpartition(":")[2]
+        trained = f"sharded {family}" if family and family != "none" else "the sharded candidate"
         table = _table(
-            "training (FSDP2 + sharded Muon), bits per byte: first → last step", TRAINING_COLUMNS, {"gate", "case"}
+            f"training (FSDP2 + {trained}), bits per byte: first → last step", TRAINING_COLUMNS, {"gate", "case"}
         )
         for t in summary.training:
             table.add_row(*map(_text, training_row(t)))
