@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ from support import REPO, pythonpath, run_python
 README = REPO / "README.md"
 EXAMPLE = REPO / "examples" / "my_adamw.py"
 SECTION = "## Your optimizer (`--impl`)"
+#: the lines of a failed session that say what failed (its skips fill the end of its output)
+_TELLING = r"^FAILED|minimal case|worst at|Error|error on rank|\bhang\b|abort"
 
 
 def _block(language: str) -> str:
@@ -54,7 +57,10 @@ def test_the_readme_example_passes_the_readmes_commands_run_from_an_empty_direct
     for argv in commands:
         program = {"python": [], "pytest": [Path(sys.executable).with_name("pytest")]}.get(argv[0])
         assert program is not None, f"{shlex.join(argv)}: a command of python or pytest"
+        start = time.monotonic()
         run = run_python(*program, *argv[1:], cwd=tmp_path, env=env, timeout=900)
+        print(f"{shlex.join(argv)}: {time.monotonic() - start:.0f} s")  # shown with -s: the README's cost
         summary = run.stdout.strip().splitlines()[-1:] if run.stdout.strip() else []
-        assert run.returncode == 0, f"{shlex.join(argv)}: {summary}\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+        telling = [line for line in run.stdout.splitlines() if re.search(_TELLING, line)]
+        assert run.returncode == 0, f"{shlex.join(argv)}: {summary}\n" + "\n".join([*telling[:40], run.stderr[-2000:]])
         assert " passed" in run.stdout and " failed" not in summary[0], summary
