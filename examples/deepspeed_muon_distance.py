@@ -11,6 +11,11 @@ has it. The wrong variants: each half of the rows orthogonalized alone (``sliced
 elements from one rank's unreduced gradient (``partly reduced``), a step per micro-batch of half
 the gradient (``per micro-batch``). A tier separates only if every correct distance lies below
 every wrong one.
+
+It measures the reference on its defaults, which is why no tier was found. The engine gate now
+judges DeepSpeed against the reference on the settings that are DeepSpeed's arithmetic
+(``examples.deepspeed_adapter.conventions``), bit for bit, and needs no tier
+(``examples/deepspeed_reference_settings.py``).
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ Newton–Schulz form (``ns_form``)
     ``"gram_addmm"``: ``"gram"`` with ``Q`` and ``R`` advanced by ``addmm`` (``β=a``), as
     DeepSpeed 0.19.0–0.19.1 did. The first ``Q`` and ``Z`` are as in ``"gram"``.
     ``"expanded"`` and the Gram forms take each matrix's norm over its last two dimensions.
+    With 0 iterations the Gram forms give the normalized matrix, as the others do (DeepSpeed's
+    raises).
 Newton–Schulz normalization (``ns_normalize``)
     ``"ns_dtype"`` (default): the update is cast to the Newton–Schulz dtype, then divided by
     its norm there. ``"input"``: divided by its norm in its own dtype (float32), then cast
