@@ -41,7 +41,7 @@ def run(candidate: str, repo: Path, select: str, limit: float) -> None:
         command = [
             sys.executable, "-m", "pytest", str(repo / "gates"), "-m", "gate", "--nproc", "2", "-q",
             "-p", "no:randomly", "-p", "no:cacheprovider", "--rootdir", str(repo), "-k", select,
-            "--impl", f"{candidate}:{candidate}", "--gate-report", str(report),
+            "--impl", f"{candidate}:{candidate}", f"--gate-report={report}",
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([scratch, str(repo)]), "CI": "true"}
         start = time.monotonic()

@@ -74,7 +74,7 @@ def _run(pytest_args: list[str], scratch: Path) -> dict[str, Any]:
     times = scratch / "times.json"
     env = {**os.environ, _TIMES: str(times)}
     command = [sys.executable, "-m", "pytest", "-m", "gate", "--nproc", "2", "-q", "-p", "benchmarks.main_job",
-               "--gate-report", str(scratch / "report"), *pytest_args]  # fmt: skip
+               f"--gate-report={scratch / 'report'}", *pytest_args]  # fmt: skip
     before = _busy_idle()
     launched = time.time()
     subprocess.run(command, env=env, capture_output=True, check=False)

@@ -26,19 +26,22 @@ be beyond the bound, on every sample, for some tensor at some step; where one is
 tiers cannot judge that setting and say so (``NotSeparable``). The cause gate runs at lr 1, so
 that a bf16 weight's own rounding is small beside its update.
 
-Such a candidate still fails every bitwise gate, by design, and a bug that shows only where
-the cause gate does not look (weight decay, several matrices, other world sizes and settings)
-could hide in those failures. So each failed case of a bitwise gate is also set against its
-setting's tier (``beyond_causes``): a tensor ``BEYOND`` (10) times past it is a finding of its
-own, ``beyond its causes``, naming the setting. That tier is measured at the case's own
-settings, lr and weight decay included (``correct_reach``).
+Such a candidate differs from the reference in every bitwise gate, by design, and a bug that
+shows only where the cause gate does not look (weight decay, several matrices, other world sizes
+and settings) could hide in those differences. So each case of a bitwise gate that differs is
+judged by its setting's tier (``judge_causes``), measured at the case's own settings, lr and
+weight decay included (``correct_reach``): green, ``within causes``, where every difference lies
+inside it; red, ``beyond its causes``, where a tensor lies past it (``BEYOND`` (10) times past is
+counted apart, as far past); and ``not judged``, each tensor named with why, where no tier can
+judge the difference.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -352,42 +355,93 @@ def correct_reach(
     return {(kind, step): reach[_at(kind, step)] for step in range(steps) for kind in KINDS}
 
 
-def beyond_causes(causes: frozenset[str], case: Case, comparisons: Iterable[Comparison], device: str) -> list[str]:
-    """Where a failed case of a bitwise gate, of a candidate that declares ``causes``, lies
-    ``BEYOND`` times past its setting's cause tier: one line per tensor and step, naming the
-    setting. The tier is ``MARGIN`` times how far the causes alone move the tensor at the case's
-    own settings and shape (``correct_reach``), at least ``FLOOR``; a tensor's error is its difference over
-    the reference's change since the start, each summed over the ranks' pieces
-    (``Comparison.diff_norm``, ``change_norm``). Judged: the Muon group's matrices and 3-D stacks
-    with a gradient at every step, and their momentum buffers, against the reference (a stack at
-    its matrices' tier: the reference steps each on its own, and the stack's error is at most its
-    worst matrix's); a bf16 matrix's
-    buffer only (at the gates' learning rates its weight moves by a few rounding steps, and
-    ``torch.optim.Muon``, correct, lay up to 2.7× its change away on 33 of 1,000 drawn cases);
-    not under a ``--kernel`` (the causes are emulated on the reference's Newton–Schulz)."""
+#: what of a parameter whose gradient is zero at every step a cause can move: its update is zero on
+#: both sides, so only weight decay applied another way can leave a difference
+_ZERO_GRAD_CAUSES = frozenset({"decay_rounded"})
+#: gradient patterns whose tensors the cause tier judges: a gradient at every step, at every other
+#: one, or from a later step on (fewer steps move a tensor less far, so the every-step reach bounds
+#: it); not a gradient on some ranks only, nor one built to sit on bf16 rounding ties of the norm
+#: (the tier is measured on normal gradients, and the normalization is what some causes change)
+_JUDGED_GRADS = ("normal", "every_other", "late")
+
+
+@dataclass(frozen=True)
+class CauseVerdict:
+    """What a failed case of a bitwise gate is, for a candidate that declares causes
+    (``judge_causes``), one line per failing tensor (``name.kind step N``): judged and found
+    within its setting's cause tier (``within``, with the largest fraction of a tier reached,
+    ``reach``), or past it (``past``; ``far`` counts those ``BEYOND`` times past, a finding of its
+    own); or it differs where its causes cannot reach (``unexplained``: a parameter never stepped,
+    an AdamW one, a non-finite value); or no tier can judge it (``unjudged``), each with why."""
+
+    within: tuple[str, ...] = ()
+    reach: float = 0.0
+    past: tuple[str, ...] = ()
+    far: int = 0
+    unexplained: tuple[str, ...] = ()
+    unjudged: tuple[str, ...] = ()
+
+
+def judge_causes(
+    causes: frozenset[str], case: Case, comparisons: Iterable[Comparison], device: str, *, calibrated: bool = True
+) -> CauseVerdict:
+    """Judges each failing tensor of a failed case of a bitwise gate, of a candidate that declares
+    ``causes`` (``CauseVerdict``), as the cause gate judges its own cases: the tier is ``MARGIN``
+    times how far the causes alone move the tensor at the case's own settings and shape
+    (``correct_reach``), at least ``FLOOR``, and a tensor past it differs by more than the causes
+    explain. A tensor's error is its difference over the reference's change since the start,
+    each summed over the ranks' pieces (``Comparison.diff_norm``, ``change_norm``).
+
+    Judged: the Muon group's matrices and 3-D stacks with a gradient at every step (or every
+    other, or from a later step on), and their momentum buffers, against the reference (a stack
+    at its matrices' tier: the reference steps each on its own, and the stack's error is at most
+    its worst matrix's). Not judged, and named: a tensor whose tier is its whole change or more
+    (at small learning rates a bf16 weight moves by a few rounding steps, and the causes alone
+    move it about as much: there the tier could not tell a missing update from a correct one);
+    the tensors of a case whose gradients come from a model's backward (``calibrated=False``: the
+    tiers are measured on normal gradients; gathered_muon, correct, lay up to 4× its tier on
+    ``real_backward`` and within 0.74 of it on 236 drawn tensors of the optimizer gates, CPU,
+    2026-12-06); everything under a ``--kernel`` (the causes are emulated on the reference's
+    Newton–Schulz)."""
     if not causes or case.kernel is not None:
-        return []
-    specs = {s.name: s for s in case.params if s.use_muon and len(s.shape) in (2, 3) and s.grad == "normal"}
+        return CauseVerdict()
+    specs = {s.name: s for s in case.params}
     sums: dict[tuple[str, str, int], list[float]] = {}
     failed: set[tuple[str, str, int]] = set()
+    unexplained: set[str] = set()
+    unjudged: set[str] = set()
     for c in comparisons:
-        name, _, key = c.tensor.partition(".")
-        if c.against != "reference" or name not in specs or key not in ("", "momentum_buffer"):
+        if c.against != "reference":
             continue
-        if not key and specs[name].dtype != "float32":
-            continue  # a bf16 weight moves by a few rounding steps at the gates' lrs: its change's error says nothing
-        where = (name, key or "update", c.step)
-        acc = sums.setdefault(where, [0.0, 0.0])
+        name, key = _owner(c.tensor, specs)
+        label = f"{name}.{key or 'update'} step {c.step}"
+        spec = specs.get(name)
+        if not c.passed and spec is not None and (
+            not math.isfinite(c.max_abs_diff) or not spec.use_muon or spec.grad == "none"
+            or (spec.grad == "zero" and not causes & _ZERO_GRAD_CAUSES)
+        ):  # fmt: skip
+            unexplained.add(f"{label}: {_why_unexplained(spec.use_muon, spec.grad, c.max_abs_diff)}")
+            continue
+        why = _why_unjudged(spec, key, calibrated)
+        if why:
+            if not c.passed:
+                unjudged.add(f"{label} ({why})")
+            continue
+        acc = sums.setdefault((name, key or "update", c.step), [0.0, 0.0])
         acc[0] += c.diff_norm**2
         acc[1] += c.change_norm**2
         if not c.passed:
-            failed.add(where)
+            failed.add((name, key or "update", c.step))
     settings = tuple(sorted(case.settings))
     group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
     ns = str(group["ns_dtype"]).removeprefix("torch.")
-    out = []
+    within, past, far, reach_seen = [], [], 0, 0.0
     for (name, kind, step), (diff, change) in sorted(sums.items()):
-        if (name, kind, step) not in failed or change == 0.0:
+        if (name, kind, step) not in failed:
+            continue
+        label = f"{name}.{kind} step {step}"
+        if change == 0.0:
+            unjudged.add(f"{label} (the reference did not move it)")
             continue
         spec = specs[name]
         rows, cols = spec.shape[-2:]
@@ -395,12 +449,64 @@ def beyond_causes(causes: frozenset[str], case: Case, comparisons: Iterable[Comp
         reach = correct_reach(causes, settings, spec.dtype, family, case.steps, spec.grad_scale, (rows, cols), device)[
             (kind, step)
         ]
-        bound = BEYOND * MARGIN * max(reach, FLOOR)
+        tier = MARGIN * max(reach, FLOOR)
         error = math.sqrt(diff / change)
-        if error > bound:
-            setting = f"{'+'.join(sorted(causes))}, nesterov {group['nesterov']}, {spec.dtype}, ns {ns}, {family}"
-            out.append(
-                f"{name}.{kind} step {step}: {error:.3g} of its change, beyond {BEYOND:g} × the causes' tier "
-                f"{MARGIN * max(reach, FLOOR):.3g} at this setting ({setting})"
+        setting = f"{'+'.join(sorted(causes))}, nesterov {group['nesterov']}, {spec.dtype}, ns {ns}, {family}"
+        if tier >= 1.0:
+            unjudged.add(
+                f"{label}: {error:.3g} of its change, where the causes alone move it {reach:.2g} of it ({setting}): "
+                "a tier this wide could not tell a missing update from a correct one"
             )
-    return out
+        elif error > tier:
+            far += error > BEYOND * tier
+            past.append(
+                f"{label}: {error:.3g} of its change, {error / tier:.3g} × the causes' tier {tier:.3g} at this "
+                f"setting ({setting})"
+            )
+        else:
+            within.append(f"{label}: {error:.3g} of its change, {error / tier:.2g} of the causes' tier {tier:.3g}")
+            reach_seen = max(reach_seen, error / tier)
+    return CauseVerdict(
+        tuple(within), reach_seen, tuple(past), far, tuple(sorted(unexplained)), tuple(sorted(unjudged))
+    )
+
+
+def _owner(tensor: str, specs: Mapping[str, Any]) -> tuple[str, str]:
+    """(parameter name, state key) of a compared tensor: ``w``, ``w.momentum_buffer``, and a model's
+    dotted names (``0.weight``, ``0.weight.momentum_buffer``) by the longest parameter name it starts with."""
+    owners = [n for n in specs if tensor == n or tensor.startswith(n + ".")]
+    if not owners:
+        name, _, key = tensor.partition(".")
+        return name, key
+    name = max(owners, key=len)
+    return name, tensor[len(name) + 1 :]
+
+
+def _why_unjudged(spec: Any, key: str, calibrated: bool) -> str:
+    """Why the cause tier cannot judge this tensor; empty where it can."""
+    if spec is None:
+        return "not a parameter of the case"
+    if key not in ("", "momentum_buffer"):
+        return f"state {key!r}, which the causes' tier does not measure"
+    if len(spec.shape) not in (2, 3):
+        return f"a {len(spec.shape)}-D parameter"
+    if not calibrated:
+        return "its gradients come from a model's backward; the tiers are measured on normal ones"
+    if spec.grad not in _JUDGED_GRADS:
+        return f"gradient pattern {spec.grad!r}, which the tier, measured on normal gradients, does not bound"
+    return ""
+
+
+def _why_unexplained(use_muon: bool, grad: str, max_abs_diff: float) -> str:
+    if not math.isfinite(max_abs_diff):
+        return "a non-finite difference, which no cause explains"
+    if not use_muon:
+        return "an AdamW parameter, whose arithmetic no cause of Muon's changes"
+    if grad == "none":
+        return "a parameter without a gradient, which no cause moves"
+    return "a parameter whose gradient is zero: only decay_rounded could move it"
+
+
+def beyond_causes(causes: frozenset[str], case: Case, comparisons: Iterable[Comparison], device: str) -> list[str]:
+    """The tensors of a failed case that lie past its causes' tier (``judge_causes``)."""
+    return list(judge_causes(causes, case, comparisons, device).past)

@@ -81,7 +81,7 @@ def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
     command = [
         sys.executable, "-m", "pytest", "--pyargs", chosen[0], "-m", "gate", "-q", "-p", "no:randomly",
         "-p", "no:cacheprovider", "--nproc", str(args.nproc), chosen[1], adapter.spec,
-        "--hypothesis-profile", args.profile, "--gate-report", str(directory), "--gate-device", args.gate_device,
+        "--hypothesis-profile", args.profile, f"--gate-report={directory}", "--gate-device", args.gate_device,
         *(["-k", args.k] if args.k and adapter.kind != "kernel" else []),
         *(["--against", args.against] if adapter.kind != "kernel" else []),
         *(["--reference", args.reference] if args.reference and adapter.kind != "kernel" else []),

@@ -13,6 +13,7 @@ import os
 import secrets
 from collections import Counter
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from reports.html import page
@@ -108,3 +109,19 @@ def from_figures(data: dict[str, Any]) -> RunSummary:
 
 def _float(value: Any) -> Any:
     return _NOT_FINITE.get(value, value) if isinstance(value, str) else value
+
+
+#: what a run writes to its report directory, besides its streams (``results*.jsonl``)
+REPORT_FILES = ("equivalence.html", "equivalence.md", "figures.json")
+
+
+def clear_report(directory: str | os.PathLike[str]) -> list[str]:
+    """Removes an earlier run's report files and streams from ``directory`` (nothing else in it),
+    so that it holds this run's only; returns the names removed."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    stale = sorted({p for name in REPORT_FILES if (p := root / name).is_file()} | set(root.glob("results*.jsonl")))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return [p.name for p in stale]

@@ -43,11 +43,17 @@ SCHEMA = 3
 READS = (1, 2, 3)
 
 TierKind = Literal["bitwise", "tolerance", "oracle", "edge"]
-#: How a case ended. ``failed``: it ran and some comparison did not pass (or the gate's own
-#: verdict failed); ``hang``: ranks sat in collectives that could not complete;
+#: How a case ended. ``passed``: every comparison was bitwise or within its named tier;
+#: ``within causes``: it differs from the reference only where the candidate's declared causes
+#: reach, and within their calibrated tier (``harness.causes.judge_causes``), green;
+#: ``not judged``: it differs where no tier can judge it (a bf16 weight of such a candidate),
+#: neither green nor red; ``failed``: it ran and some comparison did not pass (or the gate's
+#: own verdict failed); ``hang``: ranks sat in collectives that could not complete;
 #: ``collective mismatch``: ranks disagreed about a collective and were caught at it;
 #: ``abort``: a rank was killed by a signal; ``error``: a rank raised.
-Status = Literal["passed", "failed", "hang", "collective mismatch", "abort", "error"]
+Status = Literal["passed", "within causes", "not judged", "failed", "hang", "collective mismatch", "abort", "error"]
+#: the statuses that are no failure: green (``passed``, ``within causes``) or unjudged
+NOT_FAILED: frozenset[str] = frozenset({"passed", "within causes", "not judged"})
 
 R = TypeVar("R", bound="Record")
 
@@ -269,7 +275,13 @@ class CaseResult(Record):
 
     @property
     def passed(self) -> bool:
-        return self.status == "passed"
+        """Green: bitwise or in its tier, or within the candidate's declared causes."""
+        return self.status in ("passed", "within causes")
+
+    @property
+    def failed(self) -> bool:
+        """Red: it differed beyond what explains it, or crashed (a case not judged is neither)."""
+        return self.status not in NOT_FAILED
 
     @property
     def finding(self) -> str:
@@ -332,6 +344,9 @@ def verdict_of(comparisons: Iterable[Comparison], against: str) -> bool | None:
 #: a case's figure: how many of its tensors lie far past what the candidate's declared causes
 #: explain (``harness.causes.beyond_causes``); such a case is a finding of its own kind
 BEYOND_CAUSES = "beyond_causes"
+#: a case's figure: the largest fraction of its setting's cause tier that a tensor of a case
+#: ``within causes`` reached (``harness.causes.CauseVerdict.reach``)
+CAUSE_REACH = "cause_reach"
 
 
 def finding_of(status: Status, comparisons: Iterable[Comparison]) -> str:

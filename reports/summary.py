@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from reports.records import (
+    CAUSE_REACH,
     CaseResult,
     Comparison,
     Header,
@@ -79,6 +80,12 @@ class GateSummary:
     uncompared_failures: int = 0
     #: cases per layout family (``fsdp``, ``3-D``, ``hsdp``, ``tp``, ``fsdp×tp``, ``ep×efsdp``)
     layouts: Counter[str] = field(default_factory=Counter)
+    #: cases that differed only within the candidate's declared causes, and the largest fraction
+    #: of a cause tier any of them reached
+    within_causes: int = 0
+    cause_reach: float | None = None
+    #: cases that differed where no tier could judge them (``reports.records.Status``)
+    not_judged: int = 0
 
     def add(self, case: CaseResult) -> None:
         self.cases += 1
@@ -96,10 +103,15 @@ class GateSummary:
         self.seconds += case.seconds
         if case.tier:
             self.tiers.add(case.tier)
-        self.failed_cases += not case.passed
-        if not case.passed:
+        self.failed_cases += case.failed
+        if case.failed:
             self.statuses[case.status] += 1
             self.uncompared_failures += not case.comparisons
+        elif case.status == "within causes":
+            self.within_causes += 1
+            reach = case.figures.get(CAUSE_REACH, 0.0)
+            self.cause_reach = worse(self.cause_reach, reach)
+        self.not_judged += case.status == "not judged"
         f = case.figures
         if "sv_min" in f:
             self.sv_min = worse(self.sv_min, f["sv_min"], min)
@@ -130,6 +142,8 @@ class RunSummary:
     scenarios: list[Scenario] = field(default_factory=list)
     training: list[Training] = field(default_factory=list)
     spectra: list[Spectrum] = field(default_factory=list)
+    #: cases that judged the session's candidate (``CaseResult.judged``), not counting those not judged
+    candidate_cases: int = 0
 
     @property
     def empty(self) -> bool:
@@ -153,7 +167,8 @@ def summarize(records: Iterable[Record]) -> RunSummary:
             summary.header = r
         elif isinstance(r, CaseResult):
             summary.gates.setdefault(r.gate, GateSummary(r.gate)).add(r)
-            if not r.passed:  # one minimal case per kind of finding (hypothesis shrinks each)
+            summary.candidate_cases += r.judged == CANDIDATE and r.status != "not judged"
+            if r.failed:  # one minimal case per kind of finding (hypothesis shrinks each)
                 last_failure[(r.gate, r.finding)] = r
         elif isinstance(r, NegativeControl):
             summary.negative_controls.append(r)
@@ -167,6 +182,38 @@ def summarize(records: Iterable[Record]) -> RunSummary:
             summary.spectra.append(r)
     summary.failures = [last_failure[k] for k in sorted(last_failure)]
     return summary
+
+
+#: ``CaseResult.judged`` of a case that judged the session's candidate (``--impl``, ``--engine``)
+CANDIDATE = "candidate"
+
+
+def skip_reason(skip: Skip) -> str:
+    """A skip's reason without the gate's name it starts with, so that gates skipped for one
+    reason count together (``one_step: not run: …`` → ``not run: …``)."""
+    head, sep, rest = skip.reason.partition(": not run: ")
+    return f"not run: {rest}" if sep and " " not in head else skip.reason
+
+
+def unjudged_reason(summary: RunSummary) -> str:
+    """Why a run judged nothing of its candidate, in one line; empty where it judged something."""
+    if summary.candidate_cases:
+        return ""
+    parts = []
+    not_judged = sum(g.not_judged for g in summary.gates.values())
+    if not_judged:
+        parts.append(f"{not_judged} case(s) differed only where no tier could judge them")
+    reasons = Counter(skip_reason(s) for s in summary.skips)
+    if reasons:
+        # a reason about the candidate (``not run: …``) before one about the session (``needs --nproc 4``)
+        top = max(reasons, key=lambda r: (r.startswith("not run: "), reasons[r]))
+        n = reasons[top]
+        others = len(summary.skips) - n
+        parts.append(
+            f"{len(summary.skips)} gate test(s) skipped, {n} of them: {top}"
+            + (f" (and {others} for {len(reasons) - 1} other reason(s))" if others else "")
+        )
+    return "nothing of the candidate was judged: " + ("; ".join(parts) or "no gate ran a case of it")
 
 
 def fmt(x: float | None) -> str:
@@ -206,8 +253,10 @@ GATE_COLUMNS = (
 GATE_LEGEND = (
     "judged: whose code the gate ran and judged (the candidate, a kernel, or muongate itself); cases: with how "
     "many were narrowed to fit the candidate's declarations; equal to: cases whose every comparison with "
-    "reference.Muon (ref), and with the candidate itself on one device (self, --against self), was within its tier, "
-    "of the cases that compared with it or failed before comparing anything (a hang, an abort, an error); "
+    "the session's reference (ref), and with the candidate itself on one device (self, --against self), was within its tier, "
+    "of the cases that compared with it or failed before comparing anything (a hang, an abort, an error), then "
+    "those that differed only within the candidate's declared causes (green, with the largest fraction of a cause "
+    "tier reached) and those that differed where no tier could judge them (not judged: neither green nor red); "
     "failed: failing cases, by what they were (failed: compared and differed; hang; collective mismatch; "
     "abort; error); bitwise: comparisons (a tensor of one step on one rank) with the same bits, of all made, "
     "and how many more passed a tolerance tier; max|diff|, max ULP: the gate's worst comparison "
@@ -237,7 +286,24 @@ def _verdicts(g: GateSummary) -> str:
         for a, name in (("reference", "ref"), ("self", "self"))
         if a in g.verdicts
     ]
+    if g.within_causes:
+        shown.append(f"· {g.within_causes} within causes (≤ {fmt(g.cause_reach)} of the tier)")
+    if g.not_judged:
+        shown.append(f"· {g.not_judged} not judged")
     return " ".join(shown) or "–"
+
+
+def gate_outcome(g: GateSummary) -> str:
+    """The gate's outcome over its cases: ``differs`` (or the crash it had), ``not judged`` where no
+    case was judged, ``within causes`` where some differed only within the declared causes, else
+    ``bitwise`` or ``in tier``."""
+    if g.failed_cases:
+        return g.statuses.most_common(1)[0][0] if g.statuses else "differs"
+    if g.cases == g.not_judged:
+        return "not judged"
+    if g.within_causes:
+        return "within causes"
+    return "in tier" if g.tolerance_passes else "bitwise"
 
 
 def gate_row(g: GateSummary) -> tuple[str, ...]:

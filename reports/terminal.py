@@ -6,6 +6,7 @@ markup: a gate named ``[/]`` raised ``MarkupError``, and ``:smile:`` became an e
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from rich import box
@@ -20,9 +21,11 @@ from reports.summary import (
     TRAINING_COLUMNS,
     RunSummary,
     encodable,
+    gate_outcome,
     gate_row,
     layout_rows,
     scenario_row,
+    skip_reason,
     title,
     training_row,
 )
@@ -55,8 +58,20 @@ def render(summary: RunSummary) -> Group:
     table.caption, table.caption_justify = GATE_LEGEND, "left"
     for g in gates:
         cells = gate_row(g)
-        table.add_row(_text(cells[0], "red" if g.failed_cases else "green"), *map(_text, cells[1:]))
+        colour = "red" if g.failed_cases else "yellow" if gate_outcome(g) == "not judged" else "green"
+        table.add_row(_text(cells[0], colour), *map(_text, cells[1:]))
     parts: list[Any] = [table]
+    # The first failure right under the table that counts it, before the detail tables.
+    for f in summary.failures:
+        tried = summary.gates[f.gate].failed_cases
+        parts.append(_text(f"FAILED {f.gate}: {f.finding} ({tried} failing case(s) while shrinking)", "bold red"))
+        parts.append(_text(f"minimal case: {f.case}"))
+        if f.narrowed:
+            parts.append(_text(f"narrowed for the candidate: {'; '.join(f.narrowed)}"))
+        parts.append(_text(f.message[:2000]))
+        if f.reproduce:
+            # One line, however long: it is there to be copied.
+            parts.append(_text(f"reproduce: {f.reproduce}", no_wrap=True, overflow="ignore"))
     layouts = layout_rows(summary)
     if layouts:
         families = _table("cases per layout family", ("gate", "layouts"), {"gate", "layouts"})
@@ -95,16 +110,6 @@ def render(summary: RunSummary) -> Group:
         for t in summary.training:
             table.add_row(*map(_text, training_row(t)))
         parts.append(table)
-    for f in summary.failures:
-        tried = summary.gates[f.gate].failed_cases
-        parts.append(_text(f"FAILED {f.gate}: {f.finding} ({tried} failing case(s) while shrinking)", "bold red"))
-        parts.append(_text(f"minimal case: {f.case}"))
-        if f.narrowed:
-            parts.append(_text(f"narrowed for the candidate: {'; '.join(f.narrowed)}"))
-        parts.append(_text(f.message[:2000]))
-        if f.reproduce:
-            # One line, however long: it is there to be copied.
-            parts.append(_text(f"reproduce: {f.reproduce}", no_wrap=True, overflow="ignore"))
-    for skip in summary.skips:
-        parts.append(_text(f"SKIPPED {skip.gate}: {skip.reason}", "yellow"))
+    for reason, n in Counter(skip_reason(s) for s in summary.skips).most_common():
+        parts.append(_text(f"SKIPPED {n} gate test(s): {reason}", "yellow"))
     return Group(*parts)

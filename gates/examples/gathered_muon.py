@@ -4,16 +4,18 @@ arithmetic: ``--impl gates.examples.gathered_muon:gathered_muon``.
 It is correct, but it is not ``reference.Muon`` bit for bit, by design: Newton–Schulz is
 the plain-form quintic (``B = b·A + c·A²; X = a·X + B·X``, as in Keller Jordan's first
 version) rather than the reference's fused ``addmm`` form, and the lr scale multiplies
-the orthogonalized update before the lr does (one rounding more). Against
-``reference.Muon`` every gate therefore shrinks to the same world-1
-difference in the last bits; against itself on one device (``--against self``) it is
-bitwise, which is what shows that its sharding is right.
+the orthogonalized update before the lr does (one rounding more). It declares both causes, so
+against ``reference.Muon`` the bitwise gates judge its differences by their calibrated tier and
+are green, ``within causes`` (``harness.causes.judge_causes``); against itself on one device
+(``--against self``) it is bitwise, which is what shows that its sharding is right.
 
 The update goes through float32 and is rounded to the parameter's dtype once. Applied in
 bf16 directly (``local.add_(update.bfloat16(), alpha=-lr)``, as ``torch.optim.Muon``
 does on one device), ``--against self`` found that its bits depend on the shard's length
 on CPU: a bf16 ``[7, 5]`` weight on two ranks differed from itself on one device.
 
+``gathered_muon_local_norm`` normalizes by the norm of this rank's piece, not the whole
+matrix's, a bug that users' Muons shipped: red, past its causes' tier, from world 2.
 ``gathered_muon_local_lr`` plants the sharding bug that candidates like this ship: the lr
 scale √max(1, rows/cols) taken from the local shard's shape instead of the matrix's. Only
 ``--against self`` shows it as its own finding (world 2, a tall matrix). Two more plant bugs
@@ -42,13 +44,13 @@ from harness.candidates import Candidate
 A, B, C = 3.4445, -4.7750, 2.0315
 
 
-def plain_quintic(G: Tensor, steps: int, eps: float) -> Tensor:
-    """Newton–Schulz in bf16, in the plain form."""
+def plain_quintic(G: Tensor, steps: int, eps: float, norm: Tensor | None = None) -> Tensor:
+    """Newton–Schulz in bf16, in the plain form; normalized by ``norm`` where given (a planted bug's)."""
     X = G.bfloat16()
     tall = X.size(0) > X.size(1)
     if tall:
         X = X.mT
-    X = X / (X.norm() + eps)
+    X = X / ((X.norm() if norm is None else norm.bfloat16()) + eps)
     for _ in range(steps):
         M = X @ X.mT
         X = A * X + (B * M + C * (M @ M)) @ X
@@ -92,7 +94,10 @@ class GatheredMuon(torch.optim.Optimizer):
     def _apply_update(self, p: DTensor, update: Tensor, group: dict[str, Any]) -> None:
         """Orthogonalizes this rank's piece of the update and applies it, with weight decay."""
         full = DTensor.from_local(update, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
-        ortho = plain_quintic(full.full_tensor(), group["ns_steps"], group["eps"])
+        self._apply_orthogonalized(p, plain_quintic(full.full_tensor(), group["ns_steps"], group["eps"]), group)
+
+    def _apply_orthogonalized(self, p: DTensor, ortho: Tensor, group: dict[str, Any]) -> None:
+        """Takes this rank's piece of the orthogonalized update and applies it, with weight decay."""
         mine = distribute_tensor(ortho, p.device_mesh, p.placements, src_data_rank=None).to_local()
         local = p.to_local()
         weights = local.float()
@@ -103,6 +108,16 @@ class GatheredMuon(torch.optim.Optimizer):
 
 class GatheredMuonLocalLr(GatheredMuon):
     local_shape_lr = True
+
+
+class GatheredMuonLocalNorm(GatheredMuon):
+    """Normalizes the gathered update by this rank's piece's norm, not the whole matrix's: right on
+    one rank, and on more the quintic starts from a matrix whose singular values may pass one."""
+
+    def _apply_update(self, p: DTensor, update: Tensor, group: dict[str, Any]) -> None:
+        full = DTensor.from_local(update, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+        ortho = plain_quintic(full.full_tensor(), group["ns_steps"], group["eps"], norm=update.bfloat16().norm())
+        self._apply_orthogonalized(p, ortho, group)
 
 
 class GatheredMuonMomentumRestart(GatheredMuon):
@@ -158,6 +173,10 @@ def gathered_muon_local_lr(param_groups: list[dict[str, Any]], **settings: Any) 
     return GatheredMuonLocalLr(param_groups, **settings)
 
 
+def gathered_muon_local_norm(param_groups: list[dict[str, Any]], **settings: Any) -> GatheredMuonLocalNorm:
+    return GatheredMuonLocalNorm(param_groups, **settings)
+
+
 def gathered_muon_momentum_restart(param_groups: list[dict[str, Any]], **settings: Any) -> GatheredMuonMomentumRestart:
     return GatheredMuonMomentumRestart(param_groups, **settings)
 
@@ -175,6 +194,7 @@ def gathered_muon_unscaled_decay(param_groups: list[dict[str, Any]], **settings:
 for _factory in (
     gathered_muon,
     gathered_muon_local_lr,
+    gathered_muon_local_norm,
     gathered_muon_unscaled_decay,
     gathered_muon_momentum_restart,
     gathered_muon_normalizes_buffer,

@@ -38,8 +38,10 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     tier's gate and excuses no bitwise gate.
 ``differences``
     known causes of other arithmetic, of ``harness.causes.CAUSES`` (checked when ``--impl`` loads
-    it); it still fails every bitwise
-    gate, and the cause gate holds it to a tier calibrated on exactly those causes.
+    it). A case of a bitwise gate that differs is then judged by the tier calibrated on exactly
+    those causes at its own settings: green (``within causes``) inside it, red past it, and
+    ``not judged`` where no tier can tell (``harness.causes.judge_causes``); the cause gate holds
+    its update and state to that tier over several steps.
 ``devices``
     the device types its ranks may run on, of ``cpu`` and ``cuda``; default both.
 ``max_world``

@@ -78,6 +78,8 @@ _BASELINE = pytest.StashKey[Any]()
 _BASELINE_DIFF = pytest.StashKey[Any]()
 _DEVICES = pytest.StashKey[tuple[str, list[str]]]()
 _HEADER_SHOWN = pytest.StashKey[bool]()
+_CLEARED = pytest.StashKey[list[str]]()
+_UNJUDGED = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -177,9 +179,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_BASELINE] = _baseline(config)
     if _is_xdist_controller(config):
         # Workers stream to results-gwN.jsonl and the controller merges every such file in
-        # the directory at the end, so an earlier run's must go first.
-        for stale in Path(config.getoption("gate_report")).glob("results-gw*.jsonl"):
-            stale.unlink()
+        # the directory at the end, so an earlier run's must go first, with its report.
+        _clear_report(config)
     if _says_it_runs_gates(config):
         _resolve(config)
 
@@ -402,6 +403,8 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     name = f"results-{worker}.jsonl" if worker else "results.jsonl"
     torchrun = _launched_by_torchrun()
     writes_report = not torchrun or int(os.environ["RANK"]) == 0
+    if writes_report and not worker:
+        _clear_report(config)
     stream = ResultStream(os.path.join(directory, name) if writes_report else None)
     timeout = config.getoption("case_timeout")
     pool: RankPool | LauncherGroup
@@ -450,6 +453,15 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             progress.stop()
         pool.close()
         stream.close()
+
+
+def _clear_report(config: pytest.Config) -> None:
+    """The report directory holds this run's files only: an earlier run's are removed, once, and
+    the report line names them."""
+    from reports.files import clear_report
+
+    if _CLEARED not in config.stash:
+        config.stash[_CLEARED] = clear_report(config.getoption("gate_report"))
 
 
 def _impl(config: pytest.Config) -> Any:
@@ -652,17 +664,30 @@ def _streams(config: pytest.Config) -> list[Path]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """With ``--gate-baseline``: a regression against the stored figures fails the session."""
-    baseline = session.config.stash.get(_BASELINE, None)
-    streams = _streams(session.config)
-    if baseline is None or not streams:
+    """A session that named a candidate (``--impl``, ``--engine``) and judged nothing of it fails,
+    naming why, unless ``--allow-unjudged``; with ``--gate-baseline``, a regression against the
+    stored figures fails it too."""
+    config = session.config
+    streams = _streams(config)
+    if not streams:
+        return
+    from reports.stream import read_streams
+    from reports.summary import summarize, unjudged_reason
+
+    summary = summarize(read_streams(streams))
+    named = config.getoption("impl") or config.getoption("engine")
+    why = unjudged_reason(summary) if named else ""
+    if why:
+        config.stash[_UNJUDGED] = why
+        if not config.getoption("allow_unjudged") and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    baseline = config.stash.get(_BASELINE, None)
+    if baseline is None:
         return
     from reports.diff import diff_runs
-    from reports.stream import read_streams
-    from reports.summary import summarize
 
-    diff = diff_runs(baseline, summarize(read_streams(streams)))
-    session.config.stash[_BASELINE_DIFF] = diff
+    diff = diff_runs(baseline, summary)
+    config.stash[_BASELINE_DIFF] = diff
     if diff.regressed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -682,8 +707,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
     records = read_streams(streams)
     summary = summarize(records)
-    if summary.empty:
-        return
     console = Console(  # no emoji: "examples.hf_llama:llama" is a spec, not ":llama:"
         file=terminalreporter._tw._file,
         width=max(140, terminalreporter._tw.fullwidth),
@@ -694,7 +717,20 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     directory = streams[0].parent
     write_files(summary, directory)
     names = ", ".join(p.name for p in streams)
-    terminalreporter.write_line(f"muongate report: {directory}/equivalence.html, equivalence.md, figures.json, {names}")
+    cleared = config.stash.get(_CLEARED, [])
+    removed = f" (an earlier run's {', '.join(cleared)} removed)" if cleared else ""
+    terminalreporter.write_line(
+        f"muongate report: {directory}/equivalence.html, equivalence.md, figures.json, {names}{removed}"
+    )
+    why = config.stash.get(_UNJUDGED, "")
+    if why:
+        allowed = config.getoption("allow_unjudged")
+        terminalreporter.write_line(
+            f"muongate: NOT JUDGED: {why}" + (" (--allow-unjudged)" if allowed else "; --allow-unjudged accepts that"),
+            yellow=allowed,
+            red=not allowed,
+            bold=True,
+        )
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as f:

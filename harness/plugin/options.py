@@ -98,6 +98,13 @@ def add_options(parser: pytest.Parser) -> None:
         "candidate's contract). A gate whose claim is an undeclared feature probes that feature alone.",
     )
     group.addoption(
+        "--allow-unjudged",
+        action="store_true",
+        default=False,
+        help="exit 0 even where the session judged nothing of the --impl or --engine candidate (every gate skipped, "
+        "narrowed away or not judged); without it such a session fails, naming why, and still writes the report.",
+    )
+    group.addoption(
         "--gate-baseline",
         metavar="FILE",
         default=None,

@@ -17,7 +17,7 @@ from hypothesis.control import currently_in_test_context
 from harness.candidates import Impl, Kernel
 from harness.cases import Case
 from harness.cases.case import candidate_name
-from harness.causes import beyond_causes
+from harness.causes import BEYOND, judge_causes
 from harness.outcomes import Classified
 from harness.ranks import LauncherGroup, RankPool
 from harness.reproduce import Rerun
@@ -25,11 +25,11 @@ from harness.runner import controls, scenarios
 from harness.runner.adapt import Adaptation
 from harness.runner.dispatch import run_on
 from harness.runner.findings import AlreadyShrunk, ShrinkMemory, fail
-from harness.runner.policy import SkipPolicy
+from harness.runner.policy import TASKS_OF_MODELS, SkipPolicy
 from harness.runner.ran import Ran, RankCase, robust_finding
 from harness.runner.record import Recorder
 from harness.tasks.training import TrainingSpec
-from reports.records import BEYOND_CAUSES, Comparison, Header, Record, Spectrum, Status
+from reports.records import BEYOND_CAUSES, CAUSE_REACH, NOT_FAILED, Comparison, Header, Record, Spectrum, Status
 from reports.stream import ResultStream
 from reports.summary import GateSummary
 
@@ -132,7 +132,7 @@ class GateRunner:
         self.policy.runnable(gate, task)
         if exact and isinstance(case, Case):
             self.policy.exact(gate, self.adapt.narrowed(case))
-        return self._verdict(gate, self.run(case, task=task))
+        return self._verdict(gate, self.run(case, task=task), calibrated=task not in TASKS_OF_MODELS)
 
     def withstands(self, gate: str, case: Case) -> Ran:
         """A robustness case: it passes if the candidate computes the reference, or refuses the
@@ -213,7 +213,7 @@ class GateRunner:
         return scenarios.reproduce(self, gate, case, env=env)
 
     # -- verdicts --------------------------------------------------------------------------
-    def _verdict(self, gate: str, ran: Ran, *, robust: bool = False) -> Ran:
+    def _verdict(self, gate: str, ran: Ran, *, robust: bool = False, calibrated: bool = True) -> Ran:
         """Writes a case that ran with its verdict; fails the test unless every comparison passed
         (``robust``: or the candidate refused the input by name, ``robust_finding``). A crash
         another test already shrank ends this one at once (``AlreadyShrunk``)."""
@@ -225,13 +225,9 @@ class GateRunner:
             kind, status = found or kind, status if found else "passed"
         figures: dict[str, float] = {}
         if status == "failed" and self.impl is not None and isinstance(ran.case, Case) and ran.against == "reference":
-            beyond = beyond_causes(self.impl.differences, ran.case, ran.judged, self.device)
-            if beyond:
-                kind, figures = "beyond its causes", {BEYOND_CAUSES: len(beyond)}
-                lines = [f"{len(beyond)} tensor(s) lie far past what the candidate's declared causes explain:"]
-                message = "\n".join([*lines, *(f"  {line}" for line in beyond), message or ""])
+            status, kind, message, figures = self._by_causes(ran, kind, message or "", calibrated=calibrated)
         described = ran.case.describe()
-        failed = status != "passed"
+        failed = status not in NOT_FAILED
         earlier = None
         if failed and failure is not None:
             earlier = self.shrinks.met(self.nodeid, failure.signature, gate, described)
@@ -249,13 +245,49 @@ class GateRunner:
             fail(self._failure(gate, message or "", described), kind)
         return ran
 
+    def _by_causes(
+        self, ran: Ran, kind: str, message: str, *, calibrated: bool
+    ) -> tuple[Status, str, str, dict[str, float]]:
+        """A failed case of a candidate that declares causes, judged by them (``judge_causes``):
+        red where a tensor lies past their tier or differs where they cannot reach; green
+        (``within causes``) where every difference was judged within their tier, or some were and
+        the rest no tier can judge (each named); ``not judged`` where none could be judged."""
+        assert self.impl is not None and isinstance(ran.case, Case)
+        causes = self.impl.differences
+        if not causes:
+            return "failed", kind, message, {}
+        verdict = judge_causes(causes, ran.case, ran.judged, self.device, calibrated=calibrated)
+        named = "+".join(sorted(causes))
+        unjudged = [f"  not judged: {line}" for line in verdict.unjudged]
+        if verdict.past or verdict.unexplained:
+            lines = []
+            if verdict.past:
+                kind = "beyond its causes"
+                far = f", {verdict.far} of them over {BEYOND:g} × past it" if verdict.far else ""
+                lines.append(f"{len(verdict.past)} tensor(s) lie past the tier of its declared causes ({named}){far}:")
+                lines += [f"  {line}" for line in verdict.past]
+            if verdict.unexplained:
+                lines.append(f"{len(verdict.unexplained)} tensor(s) differ where its declared causes cannot reach:")
+                lines += [f"  {line}" for line in verdict.unexplained]
+            figures = {BEYOND_CAUSES: float(len(verdict.past))} if verdict.past else {}
+            return "failed", kind, "\n".join([*lines, message]), figures
+        if verdict.within:
+            head = (
+                f"within its declared causes ({named}): every difference judged lies inside their calibrated tier, "
+                f"the worst at {verdict.reach:.2g} of it"
+            )
+            lines = [head, *(f"  {line}" for line in verdict.within), *unjudged]
+            return "within causes", kind, "\n".join([*lines, message]), {CAUSE_REACH: verdict.reach}
+        head = f"differs only where no tier of its declared causes ({named}) can judge:"
+        return "not judged", kind, "\n".join([head, *unjudged, message]), {}
+
     def _record(
         self, gate: str, case: RankCase | None, status: Status, message: str, seconds: float, *,
         described: str = "", **kw: Any,
     ) -> None:  # fmt: skip
         self.recorder.case(
             self.nodeid, gate, described or (case.describe() if case is not None else ""), status, message, seconds,
-            reproduce=self.reproduce_command() if status != "passed" else "", judged=self._judged(case),
+            reproduce=self.reproduce_command() if status not in ("passed", "within causes") else "", judged=self._judged(case),
             case=case, **kw,
         )  # fmt: skip
 

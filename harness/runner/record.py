@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reports.records import CaseResult, Record, Skip, Status
+from reports.records import NOT_FAILED, CaseResult, Record, Skip, Status
 from reports.stream import ResultStream
 from reports.summary import GateSummary
 
@@ -52,7 +52,7 @@ class Recorder:
         self.write(record)
         self.figures.setdefault(nodeid, {}).setdefault(gate, GateSummary(gate)).add(record)
         if self.on_case is not None:
-            self.on_case(gate, status == "passed")
+            self.on_case(gate, status in NOT_FAILED)
 
     def scenario_done(self, gate: str) -> None:
         """A scenario that reached its own verdict (an MoE reproduction) counts as a case shown."""
