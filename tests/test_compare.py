@@ -77,14 +77,14 @@ def test_dtype_mismatch_is_compared_after_a_stated_cast_and_never_bitwise():
     assert not same_values.passed and same_values.mismatches == 0
 
 
-def test_a_failed_comparison_of_zeros_of_other_signs_says_the_sign_bits_differ_not_that_it_compares_nothing():
+def test_a_failed_comparison_of_zeros_of_other_signs_says_the_sign_bits_differ_not_that_it_compares_nothing() -> None:
     c = compare(torch.full((8,), -0.0), torch.zeros(8), tensor="exp_avg")
     assert not c.passed and c.all_zero and c.mismatches == 8
     assert c.note == "zero in value, sign bits differ: -0.0 against +0.0 at 8 elements"
     assert "compares nothing" not in c.note
 
 
-def test_signed_zeros_among_other_differences_are_counted_each_way():
+def test_signed_zeros_among_other_differences_are_counted_each_way() -> None:
     both = compare(torch.tensor([0.0, -0.0, 0.0]), torch.tensor([-0.0, 0.0, 0.0]), tensor="t")
     assert (
         both.note == "zero in value, sign bits differ: -0.0 against +0.0 at 1 element, +0.0 against -0.0 at 1 element"
@@ -93,7 +93,7 @@ def test_signed_zeros_among_other_differences_are_counted_each_way():
     assert mixed.note == "1 of 2 differing elements zero in value, sign bits differ: +0.0 against -0.0 at 1 element"
 
 
-def test_equal_zeros_still_compare_nothing():
+def test_equal_zeros_still_compare_nothing() -> None:
     assert compare(torch.zeros(3), torch.zeros(3), tensor="t").note == "both all zero: compares nothing"
     recast = compare(torch.zeros(3), torch.zeros(3, dtype=torch.float64), tensor="t")
     assert not recast.passed and recast.note.endswith("both all zero: compares nothing")
