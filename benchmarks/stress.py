@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reports.records import CaseResult
@@ -51,6 +51,8 @@ class Run:
     outcomes: tuple[str, ...]
     headlines: tuple[str, ...]
     tail: str
+    #: how many cases the run's report holds, by ``layout status`` (``fsdp_tp passed``, ``tp hang``)
+    cases: dict[str, int] = field(default_factory=dict)
 
 
 def _outcomes(returncode: int, report: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -69,6 +71,16 @@ def _outcomes(returncode: int, report: Path) -> tuple[tuple[str, ...], tuple[str
     if returncode == 0:
         return ("passed",), ()
     return tuple(sorted(statuses)) or (f"pytest exit {returncode}",), tuple(headlines[:5])
+
+
+def _cases(report: Path) -> dict[str, int]:
+    """The run's cases by layout and status: a false hang is rare per case, so the number of
+    cases behind a rate counts, and which layouts they exercised."""
+    stream = report / "results.jsonl"
+    if not stream.exists():
+        return {}
+    counted = Counter(f"{r.layout or '-'} {r.status}" for r in read_stream(stream) if isinstance(r, CaseResult))
+    return dict(counted)
 
 
 def run_once(index: int, repo: Path, args: list[str], limit: float, until: float) -> Run | None:
@@ -91,7 +103,7 @@ def run_once(index: int, repo: Path, args: list[str], limit: float, until: float
         text = done.stdout + done.stderr
         failures = text[text.find("= FAILURES =") :][:6000] if "= FAILURES =" in text else ""
         tail = "" if outcomes == ("passed",) else failures + "\n…\n" + text[-3000:]
-        return Run(index, seconds, done.returncode, outcomes, headlines, tail)
+        return Run(index, seconds, done.returncode, outcomes, headlines, tail, _cases(report))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,6 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     for outcome, n in counts.most_common():
         times = [r.seconds for r in runs if outcome in r.outcomes]
         print(f"{outcome:<40} {n:>5} {statistics.median(times):>9.1f} {max(times):>7.1f}")
+    cases: Counter[str] = Counter()
+    for run in runs:
+        cases.update(run.cases)
+    print(f"\n{sum(cases.values())} cases:", ", ".join(f"{n} {what}" for what, n in sorted(cases.items())))
     for run in runs:
         if run.outcomes != ("passed",):
             print(f"\nfirst failing run ({run.index}):", *(h.splitlines()[0][:300] for h in run.headlines), sep="\n  ")

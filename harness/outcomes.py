@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness.ranks import CaseOutcome
+from harness.ranks.stacks import crash_cause
 from reports.records import Comparison
 
 Outcome = Literal["hang", "abort", "collective mismatch", "silent corruption", "refused", "completed", "error"]
@@ -94,9 +95,14 @@ _REFUSAL = re.compile(
 
 
 def _reason(text: str) -> str:
-    """The line of a log or traceback that says why (the collective library's words)."""
+    """The line of a log or traceback that says why (the collective library's words). In a
+    killed rank's log, that comes before Python's fatal-signal report, whose first line
+    ("Fatal Python error: Aborted") and last (the extension modules loaded) say only that it died."""
+    cause = crash_cause(text)
+    if cause is not None:
+        return cause[:300]
     keys = ("Error", "error", "doesn't match", "mismatch", "Aborted", "timeout", "Timed out")
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Extension modules:")]
     for ln in lines:
         if any(k in ln for k in keys) and not ln.startswith("File "):
             return ln[:300]

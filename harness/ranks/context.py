@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from harness.ranks.stacks import crash_cause
+
 FailureKind = Literal["error", "hang", "died"]
 
 
@@ -157,9 +159,11 @@ class RankFailure:
             exception, where = self._raised()
             return f"{self.status} on rank {self.rank}: {exception}{where}"
         if self.kind == "died":
+            # The log's last line is what Python prints on a fatal signal (the extension modules
+            # it had loaded); the C++ side's reason comes before that report.
             reason = next(
                 (ln.strip() for ln in self.message.splitlines() if any(m in ln for m in _MISMATCH)),
-                self.message.strip().splitlines()[-1] if self.message.strip() else "no output",
+                crash_cause(self.message) or _last_line(self.message),
             )
             return f"{self.status}: rank {self.rank} was killed (exit code {self.exitcode}{_signal_name(self.exitcode or 0)}): {reason[:300]}"
         return f"{self.status}: {self.message}"
@@ -185,6 +189,11 @@ class CaseOutcome:
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Extension modules:")]
+    return lines[-1] if lines else "no output"
 
 
 def _signal_name(exitcode: int) -> str:

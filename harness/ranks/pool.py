@@ -34,9 +34,14 @@ will never come); the verdict names each rank's collective. Ranks that loop over
 collectives of their own sub-group move bytes, so the ranks waiting for them on another group
 are not called hung; a rank that is merely slow (compiling, computing, descheduled on a
 busy machine) is not in a collective or is runnable, and is never called a hang either. The
-case's wall-clock deadline still bounds every case: past it, a CPU rank that is still
-computing outside any collective (a first ``torch.compile`` on a crowded machine) is given more
-time, up to ``SLOW_CAP`` times the deadline, and one that only waits is a hang at once. The
+case's wall-clock deadline is when a case that shows no progress becomes a hang, not when a
+case must have finished: past it, the case is a hang once no rank of it has progressed for
+``QUIET_S`` (or half its deadline, if shorter), where progress is a rank that returned, a
+main-thread stack that changed, bytes moved, CPU used or a thread runnable. A case whose ranks
+still progress, inside collectives or outside them (four ranks of a correct tensor-parallel
+optimizer, with other runs oversubscribing a 16-core machine twice, sat in their all-reduces
+and gathers past a 120 s deadline and were called hung), runs on, up to ``SLOW_CAP`` times its
+deadline, where the verdict says it was cut off there. The
 process groups' own timeout is set past that, so the collective library never answers before
 the harness does. A rank
 killed by a signal (gloo aborts on a size-mismatched collective) is seen through its
@@ -69,7 +74,7 @@ from unittest import mock
 from harness.ranks.budget import ThreadBudget, usable_cores
 from harness.ranks.context import CaseOutcome, Groups, RankContext, RankFailure, make_groups
 from harness.ranks.forkserver import fork_server
-from harness.ranks.stacks import Frame, collective, main_thread_frames
+from harness.ranks.stacks import Frame, collective, crash_said, main_thread_frames, own_frames
 from harness.ranks.watch import Progress, StackReader, serve_stacks
 
 #: What the forkserver imports once, so that every worker forked from it starts warm.
@@ -121,13 +126,26 @@ SCRATCH = "MUONGATE_POOL_SCRATCH"
 #: a second at most.
 _MAX_SAMPLE_GAP_S = 0.5
 
-#: Past its deadline, a case whose ranks still compute outside any collective may run up to this
-#: many times its deadline before it is called a hang: slow is not stuck.
+#: Past its deadline, a case some rank of which still progresses may run up to this many times
+#: its deadline before it is called a hang: slow is not stuck, and nothing runs forever.
 SLOW_CAP = 4.0
+
+#: Past its deadline, a case is a hang once none of its ranks has progressed for this long (or
+#: for half its deadline, where that is shorter: a case that sat still from its start is still
+#: a hang at its deadline, not a look or two later). The ranks' activity is looked at every
+#: ``_MAX_SAMPLE_GAP_S`` at most, and a rank that waits for a peer is asleep: ranks that show
+#: nothing for seconds on end wait for something that will not come. Ten seconds is far beyond
+#: a look's gap, and small beside a case's usual 120 s deadline: a case that stops progressing
+#: near its deadline is named at most this much later than it was before.
+QUIET_S = 10.0
 
 #: How long, after a rank raised under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the pool waits for
 #: peers that still progress to raise their own error, before it stops the case with their stacks.
 _PEER_ERROR_S = 5.0
+
+
+#: what a rank's stack reads as when its reader does not answer in time
+_BUSY = "its stack reader did not answer in 0.2 s: its main thread holds the GIL\n"
 
 
 class _Stall:
@@ -171,7 +189,7 @@ def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> Non
     # for them (harness.ranks.watch).
     faulthandler.enable(file=log, all_threads=True)
     os.environ.update(spec.env)
-    reader = serve_stacks(stacks)
+    reader = serve_stacks(stacks, root=sys._getframe())
 
     import torch
     import torch.distributed as dist
@@ -412,17 +430,20 @@ class RankPool:
         for rank in range(world):
             self._conns[rank].send(job)
         timeout = timeout_s or self.case_timeout_s
-        results, failure = self._collect(world, start + timeout, start + SLOW_CAP * timeout, offsets)
+        results, failure = self._collect(world, start, timeout, offsets)
         if failure is not None:
             self.shutdown(kill=True)
         return CaseOutcome(results + [None] * (self.nproc - world), failure, time.monotonic() - start)
 
     def _collect(
-        self, world: int, deadline: float, cap: float, offsets: list[int]
+        self, world: int, start: float, timeout: float, offsets: list[int]
     ) -> tuple[list[Any], RankFailure | None]:
         results: list[Any] = [None] * world
         pending = set(range(world))
         failure: RankFailure | None = None
+        deadline, cap = start + timeout, start + SLOW_CAP * timeout
+        # Past the deadline, how long the ranks may show no progress at all before the case is a hang.
+        quiet_s = min(QUIET_S, timeout / 2)
         # Under TORCH_DISTRIBUTED_DEBUG=DETAIL the library names a mismatch itself within a
         # fraction of a second: give it a second before calling the ranks stuck.
         detail = self._env.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
@@ -430,44 +451,50 @@ class RankPool:
         # CPU use tells a progressing gloo rank from a waiting one; a CUDA rank's CPU may spin
         # in a wait for the GPU, so there the stacks alone decide.
         progress = None if self.devices[0].startswith("cuda") else Progress()
+        #: when some rank last progressed: it returned, its stack changed, or it moved bytes or used CPU
+        progressed = start
+        seen: dict[int, str] = {}
         gap = self.sample_after_s
         next_sample = time.monotonic() + gap
         failed_at = 0.0
-        extended = False
         while pending:
             by_handle: dict[Any, tuple[str, int]] = {}
             for r in pending:
                 by_handle[self._conns[r]] = ("conn", r)
                 by_handle[self._procs[r].sentinel] = ("proc", r)
             now = time.monotonic()
-            ready = wait(list(by_handle), timeout=max(0.0, min(deadline, next_sample) - now))
+            wake = next_sample if now >= deadline else min(deadline, next_sample)
+            ready = wait(list(by_handle), timeout=max(0.0, wake - now))
             if not ready:
-                if time.monotonic() >= deadline:
-                    stacks = self._stacks(pending)
-                    if failure is not None or progress is None or not self._computing(pending, stacks, progress):
-                        return results, self._hang(pending, failure, stacks, extended=extended)
-                    if time.monotonic() >= cap:
-                        return results, self._hang(pending, failure, stacks, extended=True)
-                    deadline, extended = time.monotonic() + _MAX_SAMPLE_GAP_S, True
-                    continue
                 dumps = self._stacks(pending)
                 moved = progress.moved({r: self._watched[r] for r in pending}) if progress else None
+                # A reader that answers late on a crowded machine is no change of the rank's own.
+                answered = {r: text for r, text in dumps.items() if text != _BUSY}
+                changed = any(r in seen and seen[r] != text for r, text in answered.items())
+                seen = {**seen, **answered}
+                now = time.monotonic()
+                if moved or changed:
+                    progressed = now
                 if failure is not None:
                     # A rank raised. Under DETAIL each rank names its own side of a mismatch, and
                     # a peer that still progresses may be on its way to its error: wait for it a
                     # while. Otherwise, or once peers are stuck in a collective the raiser will
                     # never enter: say where each waits, and stop.
                     waiting = detail and progress is not None and moved is not False
-                    if waiting and time.monotonic() < failed_at + _PEER_ERROR_S:
-                        next_sample = time.monotonic() + self.sample_after_s
+                    if waiting and now < min(failed_at + _PEER_ERROR_S, deadline):
+                        next_sample = now + self.sample_after_s
                         continue
                     return results, replace(failure, stacks={**failure.stacks, **dumps})
                 stuck = stall.observe(dumps, returned=len(pending) < world, moved=moved)
                 if stuck is not None:
                     return results, self._stalled(pending, world, stuck, dumps)
+                if now >= deadline and now - progressed >= quiet_s:
+                    return results, self._hang(pending, dumps, quiet_s=now - progressed)
+                if now >= cap:
+                    return results, self._hang(pending, dumps)
                 # Every rank in a collective: look again soon; otherwise less and less often.
                 gap = self.sample_after_s if stall.suspect else min(2 * gap, _MAX_SAMPLE_GAP_S)
-                next_sample = time.monotonic() + gap
+                next_sample = now + gap
                 continue
             for handle in ready:
                 what, rank = by_handle[handle]
@@ -479,6 +506,7 @@ class RankPool:
                     except (EOFError, OSError):
                         continue  # the process died; its sentinel reports it
                     pending.discard(rank)
+                    progressed = time.monotonic()
                     if status == "ok":
                         results[rank] = value
                     elif failure is None:
@@ -506,24 +534,19 @@ class RankPool:
             why = f"{waiting}, without progress for {self.stall_s:g} s"
         return RankFailure("hang", min(pending), why, stacks=dumps, collectives=where)
 
-    def _computing(self, pending: set[int], stacks: dict[int, str], progress: Progress) -> bool:
-        """Whether a pending rank works outside any collective (``stacks``, just read) and some
-        rank progressed since the last look."""
-        outside = any(collective(main_thread_frames(text)) is None for text in stacks.values())
-        return outside and progress.moved({r: self._watched[r] for r in pending}) is True
-
-    def _hang(
-        self, pending: set[int], earlier: RankFailure | None, stacks: dict[int, str], *, extended: bool = False
-    ) -> RankFailure:
-        """The case stopped at its deadline, with the pending ranks' ``stacks`` read there."""
-        if earlier is not None:
-            return replace(earlier, stacks={**earlier.stacks, **stacks})
+    def _hang(self, pending: set[int], stacks: dict[int, str], *, quiet_s: float | None = None) -> RankFailure:
+        """The case ran past its deadline, and either no rank progressed for ``quiet_s`` or it
+        reached ``SLOW_CAP`` times its deadline while some still did; ``stacks`` read just now."""
         rank = min(pending)
         where = {r: c for r, text in stacks.items() if (c := collective(main_thread_frames(text)))}
-        late = f", nor in the {SLOW_CAP:g} times as long given while they computed" if extended else ""
-        why = f"ranks {sorted(pending)} did not finish before the deadline{late}" + "".join(
-            f"; rank {r} waits in {c}" for r, c in sorted(where.items())
-        )
+        if quiet_s is not None:
+            why = f"ranks {sorted(pending)} did not finish before the deadline, and none progressed for {quiet_s:.1f} s"
+        else:
+            why = (
+                f"ranks {sorted(pending)} did not finish before the deadline, nor in the {SLOW_CAP:g} times as long "
+                "given while they still progressed (the cap)"
+            )
+        why += "".join(f"; rank {r} waits in {c}" for r, c in sorted(where.items()))
         return RankFailure("hang", rank, why, stacks=stacks, collectives=where)
 
     def _stacks(self, ranks: set[int]) -> dict[int, str]:
@@ -532,8 +555,7 @@ class RankPool:
         A rank whose reader does not answer in time (its main thread holds the GIL, in C++ or
         in a loop) is not known to wait in a collective, and is said to be busy."""
         answered = self._reader.read({r: self._stack_conns[r] for r in ranks}, timeout_s=0.2)
-        busy = "its stack reader did not answer in 0.2 s: its main thread holds the GIL\n"
-        return {r: answered.get(r, busy) for r in sorted(ranks)}
+        return {r: answered.get(r, _BUSY) for r in sorted(ranks)}
 
     # -- logs ---------------------------------------------------------------------------
     def _log_size(self, rank: int) -> int:
@@ -543,10 +565,14 @@ class RankPool:
             return 0
 
     def _log_tail(self, rank: int, offset: int, limit: int = 8000) -> str:
+        """What rank ``rank`` wrote since ``offset``: its last ``limit`` characters, each thread's
+        frames its own (``own_frames``), led by why it was killed where that was cut off."""
         try:
             with open(self._logs[rank], errors="replace") as f:
                 f.seek(offset)
-                text = f.read()
+                text = own_frames(f.read())
         except OSError:
             return ""
-        return text[-limit:]
+        said = crash_said(text)
+        tail = text[-limit:]
+        return tail if said is None or said in tail else f"{said}\n…\n{tail}"

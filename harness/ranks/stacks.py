@@ -53,6 +53,63 @@ def main_thread_frames(dump: str, marker: str = "_worker_main") -> list[Frame]:
     return []
 
 
+def own_frames(dump: str, marker: str = "_worker_main") -> str:
+    """A ``faulthandler`` dump with each thread's frames cut after ``marker``, and without the list
+    of extension modules Python appends on a fatal signal.
+
+    A rank is forked from the forkserver, which may itself be a fork of the gate session
+    (``harness.ranks.forkserver``): frames older than the rank's ``_worker_main`` are those of
+    whatever gate first started a pool, not the rank's, and pushed the rank's own lines (gloo's
+    reason for aborting it) out of the log's tail. The module list names every C extension loaded and
+    says nothing about the rank."""
+    kept: list[str] = []
+    cut = False
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            cut = False
+        elif m := _FRAME.match(line):
+            if cut:
+                continue
+            cut = m["func"] == marker
+        elif line.startswith("Extension modules:"):
+            continue
+        kept.append(line)
+    return "\n".join(kept) + ("\n" if dump.endswith("\n") else "")
+
+
+#: what Python's ``faulthandler`` prints first when a signal kills the process
+_FATAL = "Fatal Python error: "
+#: a line of the C++ side that says why it aborted (gloo's ``what():``, std::terminate's, an assertion)
+_SAID = re.compile(r"what\(\):|terminate called|[Ee]rror|[Ee]xception|[Aa]ssert|[Aa]bort|mismatch|doesn't match")
+
+
+def crash_said(log: str) -> str | None:
+    """The C++ side's own words for why it aborted the rank, which come before Python's
+    fatal-signal report (gloo's ``what(): … Received data size doesn't match expected size``);
+    ``None`` where it said nothing, or the log has no such report."""
+    lines = log.splitlines()
+    fatal = next((i for i, ln in enumerate(lines) if ln.startswith(_FATAL)), len(lines))
+    said = [ln.strip() for ln in lines[:fatal] if _SAID.search(ln) and not _FRAME.match(ln)]
+    # std::terminate says which exception, its ``what()`` what the exception said.
+    what = [ln for ln in said if ln.startswith("what():")]
+    return (what or said)[-1] if fatal < len(lines) and (what or said) else None
+
+
+def crash_cause(log: str) -> str | None:
+    """Why a rank was killed, from its log: the C++ side's words (``crash_said``), else the first
+    line of Python's fatal-signal report and the rank's innermost frame; ``None`` for a log
+    without that report."""
+    said = crash_said(log)
+    if said is not None:
+        return said
+    lines = log.splitlines()
+    fatal = next((i for i, ln in enumerate(lines) if ln.startswith(_FATAL)), None)
+    if fatal is None:
+        return None
+    frames = main_thread_frames("\n".join(lines[fatal:]))
+    return lines[fatal].strip() + (f" in {frames[0].where}" if frames else "")
+
+
 def collective(frames: list[Frame]) -> str | None:
     """``"wait_tensor in full_tensor, called from placement.py:76 in gather_full"`` when the rank
     blocks in ``torch.distributed``; ``None`` when it is doing anything else.

@@ -35,14 +35,18 @@ import threading
 import time
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from types import FrameType
 from typing import Any, cast
 
 #: one frame's file, line and function, read in C
 _FIELDS = operator.attrgetter("f_code.co_filename", "f_lineno", "f_code.co_name")
 
 
-def main_stack(main: int) -> str:
-    """The stack of thread ``main`` (a thread that is not this one), in ``faulthandler``'s format.
+def main_stack(main: int, root: FrameType | None = None) -> str:
+    """The stack of thread ``main`` (a thread that is not this one), in ``faulthandler``'s format,
+    from its innermost frame out to ``root`` where that frame is on it: a rank's frames older
+    than its ``_worker_main`` are the forkserver's, inherited from whatever started the server
+    (``harness.ranks.forkserver``), and say nothing of the rank.
 
     The frames are read while this thread holds the GIL, and the walk along ``f_back`` is one
     call into C (``list`` over ``accumulate`` of ``getattr``), during which no bytecode of ours
@@ -66,14 +70,16 @@ def main_stack(main: int) -> str:
     finally:
         if enabled:
             gc.enable()
-    rows = list(map(_FIELDS, frames))
+    ends = [i for i, f in enumerate(frames) if f is root]
+    rows = list(map(_FIELDS, frames[: ends[0] + 1] if ends else frames))
     lines = [f"Current thread 0x{main:016x} (most recent call first):"]
     lines += [f'  File "{file}", line {line} in {func}' for file, line, func in rows]
     return "\n".join(lines) + "\n"
 
 
-def serve_stacks(conn: Connection) -> int:
-    """Starts the rank's stack reader on ``conn``; returns its native thread id (its CPU is not the rank's)."""
+def serve_stacks(conn: Connection, root: FrameType | None = None) -> int:
+    """Starts the rank's stack reader on ``conn``, which reads the main thread's frames out to
+    ``root`` (``main_stack``); returns its native thread id (its CPU is not the rank's)."""
     main = threading.main_thread().ident
     assert main is not None
     started = threading.Event()
@@ -87,7 +93,7 @@ def serve_stacks(conn: Connection) -> int:
                 asked = conn.recv()
             except (EOFError, OSError):
                 return
-            text = main_stack(main)
+            text = main_stack(main, root)
             with contextlib.suppress(OSError, BrokenPipeError):
                 conn.send((asked, text))
 
@@ -127,7 +133,7 @@ class StackReader:
 
 
 def activity(pid: int, skip_tid: int | None = None) -> tuple[int, int, bool] | None:
-    """``(CPU ns, bytes read and written, a thread running)`` of a process so far, from
+    """``(CPU ns, bytes read and written, a thread runnable or in disk I/O)`` of a process so far, from
     ``/proc``; ``None`` where that cannot be read. The thread ``skip_tid`` (the stack reader,
     whose answers are no progress of the rank's) is left out. gloo's transport threads
     (``gloo_tcp_loop``) wake every few milliseconds while idle, so their being runnable says
@@ -148,7 +154,8 @@ def activity(pid: int, skip_tid: int | None = None) -> tuple[int, int, bool] | N
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
         moved += int(io["rchar"]) + int(io["wchar"])
-        running = running or (fields.split()[0] == "R" and not head.endswith("(gloo_tcp_loop"))
+        # "D": in the kernel on disk I/O (a checkpoint's files on a busy disk), which returns by itself.
+        running = running or (fields.split()[0] in ("R", "D") and not head.endswith("(gloo_tcp_loop"))
     return used, moved, running
 
 
