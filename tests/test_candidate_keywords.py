@@ -70,9 +70,10 @@ def test_training_and_moe_tasks_hand_a_muon_candidate_every_keyword_of_its_refer
 
 
 def test_optimizer_tasks_hand_a_candidate_the_same_keywords_as_the_training_tasks() -> None:
-    """The optimizer, checkpoint, layout, reshard, robustness and kernel gates all build their
-    candidate through ``candidate_side``; it adds only what ``ShardedMuon``'s contract adds
-    (``mode``)."""
+    """The optimizer, checkpoint, layout, reshard, robustness and Muon-only gates (a ``--kernel``
+    inside a candidate's step included) build their candidate through ``candidate_side``; it adds
+    only what ``ShardedMuon``'s contract adds (``mode``). The kernel task calls a kernel, not a
+    factory, and an engine's factory has a contract of its own (``harness.engines``)."""
     case = Case((ParamSpec("w0", (4, 4)),), settings=(("weight_decay", 0.1),), candidate=_recorder)
     tensors = [torch.zeros(4, 4)]
     keywords = _handed(lambda: candidate_side(case, build_model(case, tensors, None)))
