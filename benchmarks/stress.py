@@ -89,7 +89,7 @@ def run_once(index: int, repo: Path, args: list[str], limit: float, until: float
     with tempfile.TemporaryDirectory(prefix="muongate-stress-") as scratch:
         report = Path(scratch) / "report"
         command = [sys.executable, "-m", "pytest", *args, "-p", "no:randomly", "-p", "no:cacheprovider"]
-        command += ["--gate-report", str(report)]
+        command += [f"--gate-report={report}"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
         start = time.monotonic()
         try:

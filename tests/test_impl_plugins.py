@@ -173,13 +173,16 @@ def test_a_compiled_newton_schulz_is_a_cause_even_with_no_iteration_left() -> No
     assert five[("momentum_buffer", 0)].max_rel_fro == MARGIN * FLOOR
 
 
-def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_the_rest_is_sorted_by_why() -> None:
+def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_the_rest_is_sorted_by_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Set against the reference's change since the start, summed over the ranks' pieces: a
     float32 Newton–Schulz's plain quintic moves an update by about 1e-7 of itself; 1e-2 is past
     its tier (and far past), naming the tensor, the step and the setting; half the tier is within
     it; a passing piece or a state of another name is neither; an AdamW matrix that differs is
     one no cause explains; a bf16 weight at a small lr, whose tier is wider than its change, and a
     backward's gradients, which the tiers were not measured on, are not judged."""
+    import harness.causes
     from harness.cases import Case, ParamSpec
     from harness.causes import BEYOND, MARGIN, beyond_causes, correct_reach, judge_causes
     from reports.records import Comparison
@@ -212,9 +215,8 @@ def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_
     assert judge_causes(causes, case, pieces("w", 1.0, passed=True) + pieces("w.second_moment", 1.0), "cpu").past == ()
     (adamw,) = judge_causes(causes, case, pieces("a", 1e-9), "cpu").unexplained
     assert "an AdamW parameter" in adamw
-    small_lr = Case(params=params, settings=(("lr", 0.001), ("ns_dtype", "bfloat16")))
-    (bf16,) = judge_causes(causes, small_lr, pieces("h", 0.5), "cpu").unjudged
-    assert bf16.startswith("h.update step 0: 0.5 of its change") and "could not tell a missing update" in bf16
+    (bf16,) = judge_causes(causes, case, pieces("h", 0.5), "cpu").unjudged
+    assert bf16.startswith("h.update step 0 (a bf16 weight: ") and "momentum buffer is judged" in bf16
     (backward,) = judge_causes(causes, case, pieces("w", 1.0), "cpu", calibrated=False).unjudged
     assert "a model's backward" in backward
     assert beyond_causes(frozenset(), case, pieces("w", 1.0), "cpu") == []
@@ -227,6 +229,11 @@ def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_
     dotted = Case(params=(ParamSpec("0.weight", (8, 8)),), settings=settings)
     (line,) = beyond_causes(causes, dotted, pieces("0.weight.momentum_buffer", 20 * BEYOND * tier), "cpu")
     assert line.startswith("0.weight.momentum_buffer step 0: ")
+    # a float32 weight whose causes alone move it as far as its whole change
+    wide = Case(params=(ParamSpec("w", (8, 8)),), settings=(("lr", 0.001), ("ns_dtype", "bfloat16")))
+    monkeypatch.setattr(harness.causes, "correct_reach", lambda *a: {("update", 0): 0.5, ("momentum_buffer", 0): 0.0})
+    (unsure,) = judge_causes(causes, wide, pieces("w", 0.9), "cpu").unjudged
+    assert unsure.startswith("w.update step 0: 0.9 of its change") and "could not tell a missing update" in unsure
 
 
 @pytest.mark.slow
@@ -546,3 +553,25 @@ def test_any_torch_optimizer_is_judged_against_itself_with_no_reference(tmp_path
     assert (
         "robust:rank-asymmetric-gradient: a gradient on some ranks only has no single-device meaning" in result.stdout
     )
+
+
+def test_signed_zeros_are_within_the_signed_zero_cause_and_any_value_that_differs_is_not() -> None:
+    """torch's CPU lerp_ gives a zero its sign by the element's place in its kernel's blocks
+    (``examples/findings/torch_cpu_lerp_signed_zero.py``): for an AdamW candidate that declares
+    it, zeros of the other sign are equal in value and green; a value that differs is red, and
+    without the cause declared nothing is excused."""
+    import reference
+    from harness.cases import Case, ParamSpec
+    from harness.causes import judge_causes
+    from reports.records import Comparison
+
+    case = Case(params=(ParamSpec("w", (4, 4)),), reference=reference.AdamW)
+    zeros = Comparison("w.exp_avg", (4, 4), bitwise=False, passed=False, mismatches=8, max_abs_diff=0.0)
+    value = Comparison("w.exp_avg_sq", (4, 4), step=1, bitwise=False, passed=False, mismatches=1, max_abs_diff=1e-9)
+    signed = frozenset({"signed_zero"})
+    verdict = judge_causes(signed, case, [zeros], "cpu")
+    assert verdict.within == ("w.exp_avg step 0: equal in value, 8 zero(s) of the other sign (signed_zero)",)
+    assert not verdict.past and not verdict.unexplained
+    (unexplained,) = judge_causes(signed, case, [zeros, value], "cpu").unexplained
+    assert unexplained.startswith("w.exp_avg_sq step 1: max|diff| 1e-09")
+    assert judge_causes(frozenset(), case, [zeros], "cpu").within == ()
