@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("paths", nargs="+", metavar="DIR | compare BASE NOW")
     args = parser.parse_args(argv)
-    console = Console(width=max(140, Console().width), emoji=False)  # as wide as the pytest summary: no column is cut
+    console = Console(width=max(100, Console().width), emoji=False)  # as wide as the pytest summary
     if args.paths[0] == "compare":
         if len(args.paths) != 3:
             parser.error("compare takes two runs: python -m reports compare BASE NOW")

@@ -1,8 +1,9 @@
 """The HTML report: one self-contained page (no scripts, no external files) that reads as a
-page: the run's header, semantic tables, a section per gate with its figures and its
-max|diff| histogram, each failing gate's minimal case (with a chart of max|diff| by step
-and tensor) and the command that reproduces it, then the loss curves and the orthogonalized
-spectra as inline SVG.
+page: the run's header and its gates by outcome in one line, the gate table, each failure's
+minimal case right under it (with a map of where its tensors differ, piece by piece, a chart
+of max|diff| by step and tensor, and the command that reproduces it), one chart of every
+comparison's max|diff|, then skips by reason, a section per gate (a failing gate keeps its
+own chart), the loss curves and the orthogonalized spectra as inline SVG.
 """
 
 from __future__ import annotations
@@ -14,33 +15,53 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-from reports.records import CaseResult, Spectrum, Training
+from reports.records import CaseResult, Comparison, Spectrum, Training
 from reports.summary import (
     BUCKETS,
     GATE_COLUMNS,
+    GATE_LEGEND,
+    OUTCOMES,
     SCENARIO_COLUMNS,
     TRAINING_COLUMNS,
     GateSummary,
     RunSummary,
     encodable,
     fmt,
+    gate_outcome,
     gate_row,
     identity,
     layout_counts,
+    names_candidate,
+    outcome_counts,
+    outcome_line,
     scenario_row,
+    skip_reason,
     training_row,
+    unjudged_reason,
     worse,
 )
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:80em;padding:0 1em;color:#1b1b1b}
-table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border-bottom:1px solid #ddd;padding:.25em .6em;vertical-align:top}
-thead th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
-th[scope=row]{text-align:left;font-weight:normal;white-space:nowrap}
+table{border-collapse:collapse;margin:.5em 0 1em}th,td{border-bottom:1px solid #ddd;padding:.25em .6em;vertical-align:top}
+thead th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+caption{text-align:left;color:#555;padding-bottom:.2em}th[scope=row]{text-align:left;font-weight:normal;white-space:nowrap}
 .fail{color:#b71c1c;font-weight:bold}.pass{color:#1b5e20}.skip{color:#8d6e00}
 pre{background:#f7f7f7;padding:.6em;overflow-x:auto;white-space:pre-wrap}code{background:#f3f3f3;padding:0 .2em}
-figure{display:inline-block;margin:.5em}section{border-top:1px solid #eee;margin-top:1em}dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em}dt{font-weight:bold}
+figure{display:inline-block;margin:.5em;vertical-align:top}figcaption{font-size:.8em;color:#444;max-width:44em}
+section{border-top:1px solid #eee;margin-top:1em}dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em}dt{font-weight:bold}
+.badge{display:inline-block;padding:0 .45em;border-radius:.25em;white-space:nowrap;font-size:.9em}
+.o-bitwise,.o-tier{background:#e8f5e9;color:#1b5e20}.o-causes{background:#e8f5e9;color:#1b5e20;box-shadow:inset 0 0 0 1px #66bb6a}
+.o-unjudged{background:#fff8e1;color:#7a5d00;box-shadow:inset 0 0 0 1px #f9a825}.o-fail{background:#ffebee;color:#b71c1c;font-weight:bold}
+.note{color:#2e7d32;font-size:.85em}p.outcomes{font-size:1.15em;margin:.8em 0}
+.unjudged{background:#fff8e1;border-left:.4em solid #f9a825;padding:.5em .8em;font-weight:bold}
+.failure{border:1px solid #ef9a9a;border-left:.4em solid #c62828;padding:.2em 1em .6em;margin:1em 0}
+.failure h3{color:#b71c1c;margin:.4em 0}details.skips summary{cursor:pointer}details.skips ul{margin:.2em 0 .6em}
 """
+
+#: a gate's outcome (``gate_outcome``) as the class of its badge: green bitwise or in tier, green
+#: with a note within causes, yellow not judged, red whatever differed or crashed
+_OUTCOME_CLASS = {"bitwise": "o-bitwise", "in tier": "o-tier", "within causes": "o-causes", "not judged": "o-unjudged"}
 
 
 def anchor(gate: str) -> str:
@@ -70,23 +91,23 @@ def _table(
     )
 
 
-def _histogram(gate: str, counts: Counter[str]) -> str:
+def _histogram(name: str, counts: Counter[str], label: str) -> str:
+    """Comparisons by max|diff| bucket, log-scaled bars: bitwise green, the rest grey (a comparison
+    that differs in some bit passed or failed by its tier, which the bucket does not say)."""
     width, height, bar, room = 420, 150, 50, 16
     top = max(counts.values()) if counts else 1
-    parts = [f'<svg width="{width}" height="{height + 40}" role="img" aria-label="max|diff| of {html.escape(gate)}">']
-    for i, name in enumerate(BUCKETS):
-        n = counts.get(name, 0)
-        h = 0 if n == 0 else max(2, round((height - room) * math.log1p(n) / math.log1p(top)))
+    parts = [f'<svg width="{width}" height="{height + 40}" role="img" aria-label="max|diff| of {_e(name)}">']
+    for i, bucket in enumerate(BUCKETS):
+        n = counts.get(bucket, 0)
+        h = 0 if n <= 0 else max(2, round((height - room) * math.log1p(n) / math.log1p(top)))
         x = 10 + i * (bar + 8)
-        colour = "#2e7d32" if name == "bitwise" else "#c62828"
+        colour = "#2e7d32" if bucket == "bitwise" else "#78909c"
         parts.append(f'<rect x="{x}" y="{height - h}" width="{bar}" height="{h}" fill="{colour}"/>')
         parts.append(f'<text x="{x + bar / 2}" y="{height - h - 3}" font-size="11" text-anchor="middle">{n}</text>')
         parts.append(
-            f'<text x="{x + bar / 2}" y="{height + 14}" font-size="11" text-anchor="middle">{html.escape(name)}</text>'
+            f'<text x="{x + bar / 2}" y="{height + 14}" font-size="11" text-anchor="middle">{_e(bucket)}</text>'
         )
-    parts.append(
-        f'<text x="10" y="{height + 32}" font-size="11">{html.escape(gate)}: comparisons by max|diff| (log-scaled bars)</text>'
-    )
+    parts.append(f'<text x="10" y="{height + 32}" font-size="11">{_e(label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -256,39 +277,291 @@ def _diff_grid(case: CaseResult) -> str:
     return "".join(parts)
 
 
+def _judged_against(case: CaseResult) -> str:
+    """What the case was judged against: ``self`` under ``--against self``, else the reference."""
+    return "self" if any(c.against == "self" for c in case.comparisons) else "reference"
+
+
+def _whole_shape(case: CaseResult, tensor: str) -> tuple[int, ...] | None:
+    """The whole tensor's shape as the case names it (``w0[7, 5] float32 · …``; a state, ``w0.momentum_buffer``,
+    has its parameter's shape), or ``None`` where the case does not name it."""
+    base = re.escape(tensor.split(".", 1)[0])
+    found = re.search(rf"(?:^|[\s,(]){base}\[(\d+(?:, \d+)*)\]", case.case)
+    return tuple(int(side) for side in found[1].split(", ")) if found else None
+
+
+def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
+    """A tensor as the map draws it: its last dimension as columns, every other flattened into rows."""
+    if len(shape) == 1:
+        return shape[0], 1
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _flat_index(index: tuple[int, ...] | None, shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """``index`` of a piece of ``shape`` as (row, column) of the map, or ``None`` where it is not in it."""
+    if (
+        index is None
+        or len(index) != len(shape)
+        or not shape
+        or any(not 0 <= i < n for i, n in zip(index, shape, strict=True))
+    ):
+        return None
+    if len(shape) == 1:
+        return index[0], 0
+    row = 0
+    for i, n in zip(index[:-1], shape[:-1], strict=True):
+        row = row * n + i
+    return row, index[-1]
+
+
+def _chunk_sizes(n: int, world: int) -> list[int]:
+    """The rows of each rank's piece under ``Shard(0)``: torch.chunk on dim 0, rank r from row r·⌈n/w⌉."""
+    step = -(-n // world) if world else 0
+    return [max(0, min(step, n - r * step)) for r in range(world)]
+
+
+def _red(t: float) -> str:
+    """A red from light (``t`` 0) to dark (``t`` 1)."""
+    return f"rgb({255 - round(80 * t)},{round(190 * (1 - t))},{round(190 * (1 - t))})"
+
+
+def _piece_map(case: CaseResult, tensor: str, step: int, pieces: list[Comparison]) -> str:
+    """Where ``tensor`` differs at ``step``, as a figure: each rank's piece a band of rows of the whole
+    tensor (stacked in rank order, as FSDP2's ``Shard(0)`` lays them out) where the pieces stack into
+    the shape the case names, else each piece on its own; a failing band red, fuller for more of its
+    elements differing and darker for a larger max|diff|, its worst element marked."""
+    shapes = [c.shape for c in pieces]
+    whole = _whole_shape(case, tensor)
+    stacked = (
+        all(len(sh) >= 1 and sh[1:] == shapes[0][1:] for sh in shapes)
+        and whole is not None
+        and len(pieces) > 1
+        and whole == (sum(sh[0] for sh in shapes), *shapes[0][1:])
+    )
+    # the geometry: a band per piece, stacked; else a panel per piece, side by side
+    panels: list[tuple[Comparison, int, int, int]] = []  # piece, its first row, rows, columns
+    row = 0
+    for c in pieces:
+        rows, cols = _rows_cols(c.shape) if c.shape else (1, 1)
+        panels.append((c, row if stacked else 0, rows, cols))
+        row += rows
+    total_rows = row if stacked else max((p[2] for p in panels), default=1)
+    cols = max((p[3] for p in panels), default=1)
+    box = 260 if stacked else max(60, 260 // max(1, len(panels)))
+    cw = min(24.0, box / max(1, cols))
+    ch = min(24.0, 260 / max(1, total_rows))
+    left, top, gap = 34, 24, 14
+    failing = [c.max_abs_diff for c in pieces if not c.passed]
+    finite = [d for d in failing if math.isfinite(d) and d > 0]
+    lo, hi = (math.log10(min(finite)), math.log10(max(finite))) if finite else (0.0, 0.0)
+
+    def fill(c: Comparison) -> tuple[str, float]:
+        if c.passed:
+            return "#c8e6c9", 1.0
+        d = c.max_abs_diff
+        t = 1.0 if not math.isfinite(d) else 0.5 if hi == lo or d <= 0 else (math.log10(d) - lo) / (hi - lo)
+        return _red(t), 0.3 + 0.7 * min(1.0, max(0.0, c.mismatch_fraction))
+
+    parts: list[str] = []
+    labels: list[tuple[float, float, str]] = []  # y of its band, x, text
+    x0: float = left
+    for c, first, rows, pcols in panels:
+        y = top + first * ch
+        w, h = pcols * cw, rows * ch
+        colour, opacity = fill(c)
+        if not stacked:
+            where = f"its piece {list(c.shape)}"
+        else:
+            where = f"rows {first}–{first + rows - 1}" if rows else "no rows (an empty piece)"
+        differ = f"{c.mismatches}/{c.numel} differ, max|diff| {fmt(c.max_abs_diff)}" if not c.passed else "passed"
+        title = f"rank {c.rank}: {where}; {differ}"
+        parts.append(
+            f'<rect x="{x0:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{colour}" '
+            f'fill-opacity="{opacity:.2f}" stroke="#777" stroke-width="0.5"><title>{_e(title)}</title></rect>'
+        )
+        if cw >= 6 and ch >= 6:  # small enough to show its elements: their grid
+            parts += [
+                f'<line x1="{x0 + j * cw:.1f}" x2="{x0 + j * cw:.1f}" y1="{y:.1f}" y2="{y + h:.1f}" stroke="#fff" stroke-opacity="0.6"/>'
+                for j in range(1, pcols)
+            ]
+            parts += [
+                f'<line x1="{x0:.1f}" x2="{x0 + w:.1f}" y1="{y + i * ch:.1f}" y2="{y + i * ch:.1f}" stroke="#fff" stroke-opacity="0.6"/>'
+                for i in range(1, rows)
+            ]
+        at = _flat_index(c.worst_index, c.shape)
+        if at is not None and not c.passed:
+            cx, cy = x0 + (at[1] + 0.5) * cw, y + (at[0] + 0.5) * ch
+            r = max(3.0, min(cw, ch) * 0.35)
+            cross = f"M{cx - r:.1f},{cy - r:.1f}L{cx + r:.1f},{cy + r:.1f}M{cx - r:.1f},{cy + r:.1f}L{cx + r:.1f},{cy - r:.1f}"
+            worst = (
+                f"rank {c.rank} worst at {list(c.worst_index or ())}: expected {c.expected_at_worst!r} "
+                f"got {c.actual_at_worst!r}"
+            )
+            # white under black: seen on the lightest band and on the darkest
+            parts.append(
+                f'<path d="{cross}" stroke="#fff" stroke-width="4"/><path d="{cross}" stroke="#000" '
+                f'stroke-width="2"><title>{_e(worst)}</title></path>'
+            )
+        if stacked:  # the boundary: where this rank's piece starts
+            parts.append(
+                f'<line x1="{x0 - 6}" x2="{x0 + cols * cw:.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="#000" stroke-width="1.5"/>'
+            )
+            parts.append(f'<text x="{x0 - 8}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{first}</text>')
+            labels.append((y + h / 2, x0 + cols * cw + 8, f"rank {c.rank} · {where} · {differ}"))
+        else:
+            parts.append(f'<text x="{x0:.1f}" y="{top + h + 14:.1f}" font-size="10">rank {c.rank}: {_e(differ)}</text>')
+            x0 += w + 24
+    right = x0 + (cols * cw + 8 if stacked else 0)
+    last: float = top - gap
+    for y, x, text in labels:  # a label at its band, or below the one before where bands are thin
+        last = max(y + 3, last + gap)
+        parts.append(f'<text x="{x:.1f}" y="{last:.1f}" font-size="10">{_e(text)}</text>')
+    if stacked:
+        parts.append(
+            f'<text x="{left - 8}" y="{top + total_rows * ch + 4:.1f}" font-size="10" text-anchor="end">{total_rows}</text>'
+        )
+    height = max(top + total_rows * ch + (8 if stacked else 22), last + 8)
+    width = max(right + (300 if stacked else 0), 320)
+    head = f"{tensor} step {step}: {total_rows} × {cols}" if stacked else f"{tensor} step {step}: each rank's piece"
+    svg = (
+        f'<svg width="{width:.0f}" height="{height:.0f}" role="img" aria-label="{_e("where " + head)}">'
+        f'<text x="{left}" y="14" font-size="11">{_e(head)} (rows down, columns across)</text>{"".join(parts)}</svg>'
+    )
+    if stacked:
+        chunked = whole is not None and [sh[0] for sh in shapes] == _chunk_sizes(whole[0], len(shapes))
+        drawn = (
+            "Each rank's piece is a band of the whole tensor's rows"
+            + (" (leading dimensions flattened into rows)" if whole is not None and len(whole) > 2 else "")
+            + ", stacked in rank order"
+            + (" as FSDP2's Shard(0) lays them out (torch.chunk on dim 0: rank r from row r·⌈n/w⌉)" if chunked else "")
+            + "; the number at a boundary is the row where the next rank's piece starts"
+        )
+    elif whole is None or any(sh != whole for sh in shapes):
+        drawn = "Each rank's piece on its own: where it sits in the whole tensor is not recorded"
+    else:
+        drawn = "Each rank compared the whole tensor"
+    return (
+        f'<figure class="map">{svg}<figcaption>Where <code>{_e(tensor)}</code> differs at step {step}. {drawn}. '
+        "A failing piece is red: fuller for a larger fraction of its elements differing, darker for a larger "
+        "max|diff| (darkest: inf or NaN); green passed; × marks its worst element. Drawn from each rank's "
+        "comparison (its piece's shape, count of differing elements, max|diff| and worst element): which other "
+        "elements differ is not recorded.</figcaption></figure>"
+    )
+
+
+def _where_maps(case: CaseResult, most: int = 3) -> str:
+    """A map (``_piece_map``) for each tensor that differed, at the first step it did (a bug's
+    first sign: later steps carry it on), the first ``most`` tensors by name."""
+    judged = _judged_against(case)
+    first: dict[str, int] = {}
+    for c in case.comparisons:
+        if c.against == judged and not c.passed and c.mismatches > 0:
+            first[c.tensor] = min(first.get(c.tensor, c.step), c.step)
+    maps = []
+    for tensor in sorted(first)[:most]:
+        ranks: dict[int, Comparison] = {}
+        for c in case.comparisons:
+            if c.tensor == tensor and c.step == first[tensor] and c.against == judged:
+                ranks.setdefault(c.rank, c)
+        maps.append(_piece_map(case, tensor, first[tensor], [ranks[r] for r in sorted(ranks)]))
+    more = len(first) - most
+    return "".join(maps) + (f"<p>{more} more tensor(s) differ: the message below lists them.</p>" if more > 0 else "")
+
+
+def _badge(g: GateSummary) -> str:
+    """The gate's outcome (``gate_outcome``) as a coloured word, with how far inside its causes' tier."""
+    outcome = gate_outcome(g)
+    shown = "differs" if outcome == "failed" else outcome
+    note = f" ≤ {fmt(g.cause_reach)} of tier" if outcome == "within causes" and g.cause_reach is not None else ""
+    return f'<span class="badge {_OUTCOME_CLASS.get(outcome, "o-fail")}">{_e(shown)}{_e(note)}</span>'
+
+
 def _gate_cells(g: GateSummary) -> list[str]:
     cells = [_e(c) for c in gate_row(g)]
     status = "fail" if g.failed_cases else "pass"
     cells[0] = f'<a class="{status}" href="#{anchor(g.gate)}">{_e(g.gate)}</a>'
-    return cells
+    return [cells[0], _badge(g), *cells[1:]]
+
+
+def _verdict(g: GateSummary) -> str:
+    """The gate's outcome in words, on its section."""
+    outcome = gate_outcome(g)
+    unjudged = f"; {g.not_judged} not judged (no tier could judge them)" if g.not_judged else ""
+    if g.failed_cases:
+        kinds = ", ".join(f"{n} {status}" for status, n in g.statuses.most_common())
+        return f'<span class="fail">{g.failed_cases} of {g.cases} cases failed ({_e(kinds)})</span>{unjudged}'
+    if outcome == "not judged":
+        return f'<span class="badge o-unjudged">none of {g.cases} cases judged</span>: each differed where no tier could judge it'
+    if outcome == "within causes":
+        reach = f", at most {fmt(g.cause_reach)} of their tier" if g.cause_reach is not None else ""
+        return (
+            f'<span class="pass">no case failed</span>: {g.within_causes} of {g.cases} differ only within the '
+            f'candidate\'s declared causes<span class="note">{_e(reach)}</span>{unjudged}'
+        )
+    if not g.comparisons:
+        return f'<span class="pass">all {g.cases} cases passed</span> by the gate\'s own verdict (nothing compared){unjudged}'
+    how = "every comparison bitwise" if outcome == "bitwise" else "within their tiers"
+    return f'<span class="pass">all {g.cases - g.not_judged} judged cases passed, {how}</span>{unjudged}'
 
 
 def _gate_section(summary: RunSummary, g: GateSummary) -> str:
-    verdict = (
-        f'<span class="fail">{g.failed_cases} of {g.cases} cases failed</span>'
-        if g.failed_cases
-        else f'<span class="pass">all {g.cases} cases passed</span>'
-    )
     parts = [
-        f'<section id="{anchor(g.gate)}"><h3>{_e(g.gate)}</h3><p>{verdict}; {g.comparisons} comparisons, {g.bitwise} bitwise, {g.tolerance_passes} within a tolerance tier; tiers: {_e(", ".join(sorted(g.tiers)) or "none")}.</p>'
+        f'<section id="{anchor(g.gate)}"><h3>{_e(g.gate)}</h3><p>{_verdict(g)}; {g.comparisons} comparisons, '
+        f"{g.bitwise} bitwise, {g.tolerance_passes} within a tolerance tier; tiers: "
+        f"{_e(', '.join(sorted(g.tiers)) or 'none')}.</p>"
     ]
     if g.layouts:
         parts.append(f"<p>cases per layout family: {_e(layout_counts(g))}</p>")
-    for f in summary.failures:
-        if f.gate == g.gate:
-            parts.append(
-                f"<details open><summary>minimal failing case: {_e(f.finding)}</summary>"
-                f"<p><code>{_e(f.case)}</code></p>"
-                + (f"<p>narrowed for the candidate: {_e('; '.join(f.narrowed))}</p>" if f.narrowed else "")
-                + (f"<figure>{_diff_grid(f)}</figure>" if f.comparisons else "")
-                + f"<pre>{_e(f.message[:4000])}</pre>"
-                + (f"<p>reproduce: <code>{_e(f.reproduce)}</code></p>" if f.reproduce else "")
-                + "</details>"
-            )
-    if g.histogram:
-        parts.append(f"<figure>{_histogram(g.gate, g.histogram)}</figure>")
+    found = [i for i, f in enumerate(summary.failures) if f.gate == g.gate]
+    if found:
+        links = ", ".join(f'<a href="#failure-{i}">{_e(summary.failures[i].finding)}</a>' for i in found)
+        parts.append(f"<p>minimal failing case(s), under the gate table: {links}</p>")
+    if g.failed_cases and g.histogram:  # a gate that failed keeps its own chart; the rest share one
+        label = f"{g.gate}: comparisons by max|diff| (log-scaled bars)"
+        parts.append(f"<figure>{_histogram(g.gate, g.histogram, label)}</figure>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _failure(summary: RunSummary, i: int, f: CaseResult) -> str:
+    """A failure's minimal case, as the terminal shows it under the gate table, with its pictures."""
+    tried = summary.gates[f.gate].failed_cases if f.gate in summary.gates else 0
+    return (
+        f'<div class="failure" id="failure-{i}"><h3>FAILED <a href="#{anchor(f.gate)}">{_e(f.gate)}</a>: '
+        f"{_e(f.finding)}</h3><p>{tried} failing case(s) while shrinking; minimal case:</p>"
+        f"<p><code>{_e(f.case)}</code></p>"
+        + (f"<p>narrowed for the candidate: {_e('; '.join(f.narrowed))}</p>" if f.narrowed else "")
+        + (_where_maps(f) + f"<figure>{_diff_grid(f)}</figure>" if f.comparisons else "")
+        + f"<pre>{_e(f.message[:4000])}</pre>"
+        + (f"<p>reproduce: <code>{_e(f.reproduce)}</code></p>" if f.reproduce else "")
+        + "</div>"
+    )
+
+
+def _outcomes(summary: RunSummary) -> str:
+    """The top line: every gate by outcome, each count in its outcome's colour."""
+    counts = outcome_counts(summary)
+    line = _e(outcome_line(summary))
+    for outcome in [*OUTCOMES, *counts]:
+        if counts[outcome]:
+            css = _OUTCOME_CLASS.get(outcome, "o-fail")
+            word = f"{counts[outcome]} {outcome}"
+            line = line.replace(_e(word), f'<span class="badge {css}">{_e(word)}</span>', 1)
+    return f'<p class="outcomes">{line}</p>'
+
+
+def _skips(summary: RunSummary) -> str:
+    """Skips by reason, most first: a count per reason, the gates it skipped folded under it."""
+    by_reason: dict[str, list[str]] = {}
+    for s in summary.skips:
+        by_reason.setdefault(skip_reason(s), []).append(s.gate)
+    items = "".join(
+        f'<details class="skips"><summary class="skip">{len(gates)} gate test(s): {_e(reason)}</summary><ul>'
+        + "".join(f"<li><code>{_e(gate)}</code></li>" for gate in gates)
+        + "</ul></details>"
+        for reason, gates in sorted(by_reason.items(), key=lambda item: -len(item[1]))
+    )
+    return f"<h2>Skipped: {len(summary.skips)} gate test(s)</h2>{items}"
 
 
 def page(summary: RunSummary) -> str:
@@ -296,7 +569,7 @@ def page(summary: RunSummary) -> str:
     h = summary.header
     facts = [
         ("muongate", identity(h.muongate or "?", h.git_commit)),
-        ("candidate", h.impl + (f", kernel {h.kernel}" if h.kernel else "")),
+        ("candidate", (f"engine {h.engine}" if h.engine else h.impl) + (f", kernel {h.kernel}" if h.kernel else "")),
         ("torch", h.torch),
         ("backend", f"{h.backend} on {', '.join(h.devices) or h.device}"),
         ("ranks (--nproc)", str(h.nproc)),
@@ -304,27 +577,39 @@ def page(summary: RunSummary) -> str:
         ("written", h.time),
     ]
     gates = summary.ordered_gates()
-    failed = sum(1 for g in gates if g.failed_cases)
-    verdict = (
-        f'<p class="fail">{failed} of {len(gates)} gates failed.</p>'
-        if failed
-        else f'<p class="pass">All {len(gates)} gates passed.</p>'
-    )
+    why = unjudged_reason(summary) if names_candidate(h) else ""
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>muongate equivalence report</title><style>{_STYLE}</style></head><body>"
         "<header><h1>muongate equivalence report</h1><dl>"
         + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
-        + f"</dl>{verdict}</header><main>",
+        + "</dl>"
+        + _outcomes(summary)
+        + (f'<p class="unjudged">NOT JUDGED: {_e(why)}</p>' if why else "")
+        + "</header><main>",
         "<h2>Gates</h2>",
         _table(
             "every gate, failing gates first",
-            GATE_COLUMNS,
+            ("gate", "outcome", *GATE_COLUMNS[1:]),
             [_gate_cells(g) for g in gates],
-            numeric=set(GATE_COLUMNS) - {"gate", "tiers", "judged"},
+            numeric=set(GATE_COLUMNS) - {"gate", "tiers", "judged", "equal to"},
         ),
+        f"<details><summary>what the columns say</summary><p>{_e(GATE_LEGEND)}</p></details>",
     ]
+    parts += [_failure(summary, i, f) for i, f in enumerate(summary.failures)]
+    everything: Counter[str] = Counter()
+    for g in gates:
+        everything.update(g.histogram)
+    if everything:
+        compared = sum(everything.values())
+        label = f"all {len(gates)} gates: {compared} comparisons by max|diff| (log-scaled bars)"
+        parts.append(
+            f"<h2>Differences</h2><figure>{_histogram('all gates', everything, label)}<figcaption>Every comparison "
+            "(a tensor of one step on one rank) of every gate by its max|diff|: bitwise in green; a grey one "
+            "differs in some bit, and passed or failed by its tier, as the gate table says. A gate that failed "
+            "has its own chart in its section.</figcaption></figure>"
+        )
     if summary.negative_controls:
         rows = [
             (
@@ -354,11 +639,7 @@ def page(summary: RunSummary) -> str:
         ]
         parts.append("".join(f"<figure>{_loss_curve(r)}</figure>" for r in summary.training if r.train_bits))
     if summary.skips:
-        parts.append(
-            "<h2>Skipped</h2><ul>"
-            + "".join(f'<li class="skip"><code>{_e(s.gate)}</code>: {_e(s.reason)}</li>' for s in summary.skips)
-            + "</ul>"
-        )
+        parts.append(_skips(summary))
     parts.append("<h2>Each gate</h2>")
     parts += [_gate_section(summary, g) for g in gates]
     if summary.spectra:

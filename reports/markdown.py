@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 
 from reports.summary import (
@@ -14,9 +15,13 @@ from reports.summary import (
     encodable,
     gate_row,
     layout_rows,
+    names_candidate,
+    outcome_line,
     scenario_row,
+    skip_reason,
     title,
     training_row,
+    unjudged_reason,
 )
 
 
@@ -38,21 +43,29 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: set[str
 
 
 def to_markdown(summary: RunSummary) -> str:
-    lines = ["# muongate equivalence report", "", title(summary.header), ""]
+    """The header line, every gate by outcome (and, where a named candidate had nothing judged, why),
+    the gate table with each failure's minimal case right under it, then the other tables and
+    the skips, one line per reason."""
+    lines = ["# muongate equivalence report", "", title(summary.header), "", f"**{outcome_line(summary)}**"]
+    why = unjudged_reason(summary) if names_candidate(summary.header) else ""
+    if why:
+        lines += ["", f"> **NOT JUDGED:** {_cell(why)}"]
     numeric = set(GATE_COLUMNS) - {"gate", "tiers", "judged"}
-    lines += _table(GATE_COLUMNS, [gate_row(g) for g in summary.ordered_gates()], numeric)
-    lines += ["", f"_{GATE_LEGEND}_"]
-    layouts = layout_rows(summary)
-    if layouts:
-        lines += ["", "Cases per layout family:", "", *_table(("gate", "layouts"), layouts, set())]
+    lines += ["", *_table(GATE_COLUMNS, [gate_row(g) for g in summary.ordered_gates()], numeric)]
     for f in summary.failures:
-        lines += ["", f"**FAILED** `{f.gate}`: {f.finding}", "", f"minimal case: `{f.case}`"]
+        tried = summary.gates[f.gate].failed_cases if f.gate in summary.gates else 0
+        lines += ["", f"**FAILED** `{f.gate}`: {f.finding} ({tried} failing case(s) while shrinking)"]
+        lines += ["", f"minimal case: `{f.case}`"]
         if f.narrowed:
             lines += ["", f"narrowed for the candidate: {'; '.join(f.narrowed)}"]
         message = f.message[:2000]
         lines += ["", _fence(message), message, _fence(message)]
         if f.reproduce:
             lines += ["", f"reproduce: `{f.reproduce}`"]
+    lines += ["", f"_{GATE_LEGEND}_"]
+    layouts = layout_rows(summary)
+    if layouts:
+        lines += ["", "Cases per layout family:", "", *_table(("gate", "layouts"), layouts, set())]
     if summary.negative_controls:
         rows = [
             (c.gate.removeprefix("negative:"), "yes" if c.detected else "**NO**", f"`{c.case}`")
@@ -68,5 +81,7 @@ def to_markdown(summary: RunSummary) -> str:
             TRAINING_COLUMNS, [training_row(r) for r in summary.training], set(TRAINING_COLUMNS) - {"gate", "case"}
         )
     if summary.skips:
-        lines += ["", "## Skipped", ""] + [f"- `{s.gate}`: {s.reason}" for s in summary.skips]
+        reasons = Counter(skip_reason(s) for s in summary.skips)
+        lines += ["", f"## Skipped: {len(summary.skips)} gate test(s)", ""]
+        lines += [f"- {n} gate test(s): {_cell(reason)}" for reason, n in reasons.most_common()]
     return encodable("\n".join(lines) + "\n")

@@ -306,6 +306,33 @@ def gate_outcome(g: GateSummary) -> str:
     return "in tier" if g.tolerance_passes else "bitwise"
 
 
+#: the outcomes a run's top line counts (``outcome_line``), in its order; a crash counts by its name after them
+OUTCOMES = ("bitwise", "in tier", "within causes", "not judged", "differ")
+#: what ``--impl`` is when a session names none: a header naming it names no candidate of the user's
+DEFAULT_IMPL = "distributed_impl:ShardedMuon"
+
+
+def outcome_counts(summary: RunSummary) -> Counter[str]:
+    """Gates by outcome (``gate_outcome``), a gate whose cases compared and differed as ``differ``."""
+    return Counter("differ" if (o := gate_outcome(g)) in ("failed", "differs") else o for g in summary.gates.values())
+
+
+def outcome_line(summary: RunSummary) -> str:
+    """``12 gates: 9 bitwise, 1 within causes, 0 not judged, 2 differ``: every gate by outcome, ``in
+    tier`` and each crash (``1 hang``) only where some gate had it."""
+    counts = outcome_counts(summary)
+    shown = [f"{counts[o]} {o}" for o in OUTCOMES if counts[o] or o != "in tier"]
+    shown += [f"{n} {o}" for o, n in sorted(counts.items()) if o not in OUTCOMES]
+    n = len(summary.gates)
+    return f"{n} gate{'' if n == 1 else 's'}: " + ", ".join(shown)
+
+
+def names_candidate(h: Header) -> bool:
+    """Whether the header names a candidate of the user's (``--impl``, ``--engine``), whose
+    judging nothing is then worth saying first (``unjudged_reason``)."""
+    return bool(h.engine) or (bool(h.impl) and h.impl != DEFAULT_IMPL)
+
+
 def gate_row(g: GateSummary) -> tuple[str, ...]:
     return (
         g.gate,

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +118,11 @@ RECORDS: list[Record] = [
 GATES = ("world_size_independence", "edge:experts-4x31x13-fp32-ns", "kernel:vs_reference", "kernel:edge")
 
 
-def _text(records: list[Record]) -> str:
+def _text(records: list[Record], width: int = 140) -> str:
     buffer = io.StringIO()
-    Console(file=buffer, width=140, no_color=True, force_terminal=False, color_system=None).print(
-        render(summarize(records))
+    # crop=False: as the plug-in prints it, the reproduce command whole
+    Console(file=buffer, width=width, no_color=True, force_terminal=False, color_system=None, emoji=False).print(
+        render(summarize(records)), crop=False
     )
     return buffer.getvalue()
 
@@ -386,23 +389,174 @@ def _page(tmp_path: Path) -> str:
     return (tmp_path / "equivalence.html").read_text()
 
 
-def test_html_report_is_a_self_contained_page_with_a_section_and_pictures_per_gate(tmp_path: Path) -> None:
+def test_html_report_is_a_self_contained_page_with_a_section_per_gate_and_its_pictures(tmp_path: Path) -> None:
     page = _page(tmp_path)
-    # three gates' |diff| histograms (kernel:edge compared nothing), one spectrum, one loss curve,
-    # and the failing case's max|diff| by step and tensor
+    # one chart of every gate's comparisons, the failing gate's own, its piece map and its max|diff|
+    # by step and tensor, one spectrum, one loss curve
     assert page.count("<svg") == 6
+    assert page.count('aria-label="max|diff| of ') == 2 and 'aria-label="max|diff| of all gates"' in page
     assert "max|diff| by step (columns) and tensor (rows)" in page
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
     for gate in GATES:
         assert f'<section id="{anchor(gate)}"><h3>{gate}</h3>' in page and f'href="#{anchor(gate)}"' in page
-    assert "<details open><summary>minimal failing case: differs from reference</summary>" in page
+
+
+def _outcomes() -> list[Record]:
+    """A gate of each outcome: bitwise, in tier, within causes, not judged, differs, hangs."""
+    header = Header(nproc=2, impl="their_muon:muon")
+    differs = Comparison("w", (2, 4), bitwise=False, passed=False, max_abs_diff=0.5, max_ulp=9.0, mismatches=8)
+    return [
+        header,
+        CaseResult(1, "one_step", "w[4, 4] · world 2", comparisons=(Comparison("w", (2, 4)),), judged="candidate"),
+        CaseResult(2, "training", "dense", comparisons=(WITHIN_TIER,), judged="candidate"),
+        CaseResult(
+            3, "several_steps", "w[4, 4] · world 2", "within causes", figures={"cause_reach": 0.74},
+            comparisons=(differs,), judged="candidate",
+        ),
+        CaseResult(4, "edge:bf16-33x17", "w[33, 17] bfloat16", "not judged", comparisons=(differs,), judged="candidate"),
+        CaseResult(5, "checkpoint", "w[4, 4] · world 2", "failed", "1 of 1 comparisons failed", comparisons=(differs,)),
+        CaseResult(6, "robust:empty-local-shards", "w[1, 4] · world 2", "hang", "no rank can complete"),
+    ]  # fmt: skip
+
+
+def test_the_top_line_counts_gates_by_outcome_and_each_gate_has_its_outcomes_colour() -> None:
+    from reports.html import page
+
+    summary = summarize(_outcomes())
+    line = "6 gates: 1 bitwise, 1 in tier, 1 within causes, 1 not judged, 1 differ, 1 hang"
+    html = page(summary)
+    assert '<p class="outcomes">' in html and line in re.sub(r"<[^>]+>", "", html)
+    assert f"**{line}**" in to_markdown(summary) and line in _text(_outcomes())
+    badges = dict(
+        re.findall(r'<a class="\w+" href="#gate-([^"]+)">[^<]*</a></th><td><span class="badge ([\w-]+)">', html)
+    )
+    assert badges == {
+        "one_step": "o-bitwise", "training": "o-tier", "several_steps": "o-causes", "edge_bf16-33x17": "o-unjudged",
+        "checkpoint": "o-fail", "robust_empty-local-shards": "o-fail",
+    }  # fmt: skip
+    assert ">within causes ≤ 0.74 of tier</span>" in html
+    # a gate whose every case was not judged is not "passed"
+    assert "none of 1 cases judged</span>" in html and "all 1 cases passed" not in html.split("edge:bf16-33x17</h3>")[1]
+
+
+def test_a_named_candidate_that_judged_nothing_says_why_above_the_gate_table() -> None:
+    from reports.html import page
+
+    records = [
+        Header(impl="their_muon:half"),
+        CaseResult(1, "one_step", "w[4, 4]", "not judged", judged="candidate"),
+        *(Skip(f"g{i}", f"g{i}: not run: their_muon:half does not declare bf16") for i in range(3)),
+    ]
+    summary = summarize(records)
+    html, markdown = page(summary), to_markdown(summary)
+    why = "NOT JUDGED: nothing of the candidate was judged: 1 case(s) differed only where no tier could judge them"
+    assert html.index(f'<p class="unjudged">{why}') < html.index("<h2>Gates</h2>")
+    assert markdown.index(f"> **{why.replace(':', ':**', 1)}") < markdown.index("| gate |")
+    # muongate's own candidate is no candidate the user named: no such line
+    default = summarize([dataclasses.replace(records[0], impl="distributed_impl:ShardedMuon"), *records[1:]])
+    assert "NOT JUDGED" not in page(default) and "NOT JUDGED" not in to_markdown(default)
+
+
+def test_the_first_failure_sits_right_under_the_gate_table_in_html_and_markdown() -> None:
+    from reports.html import page
+
+    summary = summarize(RECORDS)
+    html = page(summary)
+    table_end = html.index("</table>")
+    assert table_end < html.index('FAILED <a href="#gate-kernel_vs_reference">') < html.index("<h2>Negative controls")
+    minimal = html.index("<p><code>gaussian [4, 4] float32 · kernel my:ns · seed 7</code></p>")
+    assert minimal < html.index("<h2>", table_end)
+    markdown = to_markdown(summary)
+    last_row = markdown.index("| world_size_independence |")
+    failed = markdown.index("**FAILED** `kernel:vs_reference`: differs from reference (1 failing case(s)")
+    assert last_row < failed < markdown.index("_judged: whose code")
+
+
+def test_skips_are_a_count_per_reason_listing_their_gates_in_html() -> None:
+    from reports.html import page
+
+    reason = "their_muon:m does not declare checkpoint"
+    skips = [Skip(g, f"{g}: not run: {reason}") for g in ("checkpoint", "hybrid_groups", "world_size_independence")]
+    summary = summarize([*RECORDS, *skips])
+    html, markdown = page(summary), to_markdown(summary)
+    listed = "".join(f"<li><code>{g}</code></li>" for g in ("checkpoint", "hybrid_groups", "world_size_independence"))
+    assert f'<summary class="skip">3 gate test(s): not run: {reason}</summary><ul>{listed}</ul>' in html
+    assert '<summary class="skip">1 gate test(s): needs --nproc 4</summary>' in html
+    assert f"- 3 gate test(s): not run: {reason}\n- 1 gate test(s): needs --nproc 4\n" in markdown
+    assert "hybrid_groups" not in markdown
+
+
+def test_a_passing_report_draws_one_chart_of_every_comparison_not_one_per_gate() -> None:
+    from reports.html import page
+
+    passing = [r for r in RECORDS if not (isinstance(r, CaseResult) and r.failed)]
+    html = page(summarize(passing))
+    assert html.count('aria-label="max|diff| of ') == 1
+    assert "all 3 gates: 4 comparisons by max|diff|" in html
+
+
+#: a 7×5 weight over two ranks (FSDP2 rows 0–3 and 4–6), wrong only on rank 1, worst at its row 2
+SHARDED = CaseResult(
+    7, "edge:uneven-7x5", "w[7, 5] float32 · world 2 · 1 step", "failed", "w differs on rank 1",
+    comparisons=(
+        Comparison("w", (4, 5)),
+        Comparison("w", (3, 5), rank=1, bitwise=False, passed=False, max_abs_diff=0.125, max_ulp=3e5, mismatches=6,
+                   worst_index=(2, 1), expected_at_worst=1.0, actual_at_worst=1.125),
+    ),
+)  # fmt: skip
+
+
+def test_a_failing_tensor_gets_a_map_of_its_ranks_pieces_with_the_worst_element_marked() -> None:
+    from reports.html import page
+
+    html = page(summarize([Header(nproc=2), SHARDED]))
+    assert "w step 0: 7 × 5 (rows down, columns across)" in html
+    assert ">rank 0 · rows 0–3 · passed</text>" in html
+    assert ">rank 1 · rows 4–6 · 6/15 differ, max|diff| 0.125</text>" in html
+    assert "as FSDP2's Shard(0) lays them out (torch.chunk on dim 0" in html
+    # the worst element, rank 1's [2, 1], is the whole tensor's row 6, column 1: at its cell's centre
+    left, top, cell = 34, 24, 24
+    centre = (left + 1.5 * cell, top + 6.5 * cell)
+    assert re.search(rf'<path d="M{centre[0] - 8.4:.1f},{centre[1] - 8.4:.1f}L', html), "no × at w[6, 1]"
+    assert "<title>rank 1 worst at [2, 1]: expected 1.0 got 1.125</title>" in html
+
+
+def test_pieces_that_do_not_stack_into_the_named_tensor_are_drawn_each_on_its_own() -> None:
+    from reports.html import page
+
+    columns = dataclasses.replace(
+        SHARDED,
+        case="w[4, 10] float32 · world 2 · tp 2",
+        comparisons=tuple(dataclasses.replace(c, shape=(4, 5)) for c in SHARDED.comparisons),
+    )
+    html = unescape(page(summarize([Header(nproc=2), columns])))
+    assert "w step 0: each rank's piece" in html and ">rank 1: 6/20 differ, max|diff| 0.125</text>" in html
+    assert "Each rank's piece on its own: where it sits in the whole tensor is not recorded" in html
+
+
+def test_terminal_summary_fits_100_columns_with_every_word_whole() -> None:
+    """Every line but the reproduce command (one line, to be copied) fits 100 columns, and no word
+    is cut: each word at 100 columns is a word of the same summary at 1000, where nothing wraps."""
+    records = [*RECORDS, *_outcomes()[1:], SHARDED]
+    narrow, wide = _text(records, 100), _text(records, 1000)
+    for line in narrow.splitlines():
+        assert len(line) <= 100 or line.startswith("reproduce: "), line
+    words = set(wide.split())
+    cut = {w for w in narrow.split() if w not in words and set(w) != {"─"}}  # a table's rule is as wide as it
+    assert not cut, sorted(cut)
+    for gate in (*GATES, "robust:empty-local-shards", "edge:uneven-7x5"):
+        assert re.search(rf"(^|\s){re.escape(gate)}(\s|$)", narrow), gate
 
 
 def test_html_report_renders_in_headless_chromium_with_every_gate_name_whole(tmp_path: Path) -> None:
-    _page(tmp_path)
+    from reports import write_files
+
+    write_files(summarize([*RECORDS, SHARDED]), tmp_path)
     texts, shot = open_in_chromium(tmp_path / "equivalence.html", tmp_path / "profile")
     for gate in GATES:
         assert gate in texts, f"{gate!r} is not the whole text of any element of the rendered page"
-    assert "muongate equivalence report" in texts and "1 of 4 gates failed." in texts
+    assert "muongate equivalence report" in texts
+    assert "5 gates:" in texts and "3 bitwise" in texts and "2 differ" in texts, texts[:40]
+    assert "rank 1 · rows 4–6 · 6/15 differ, max|diff| 0.125" in texts
     assert "max|diff| by step (columns) and tensor (rows), worst over ranks" in texts
     assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000, "the page rendered blank"
