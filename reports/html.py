@@ -56,7 +56,7 @@ section{border-top:1px solid #eee;margin-top:1em}dl{display:grid;grid-template-c
 .note{color:#2e7d32;font-size:.85em}p.outcomes{font-size:1.15em;margin:.8em 0}
 .unjudged{background:#fff8e1;border-left:.4em solid #f9a825;padding:.5em .8em;font-weight:bold}
 .failure{border:1px solid #ef9a9a;border-left:.4em solid #c62828;padding:.2em 1em .6em;margin:1em 0}
-.failure h3{color:#b71c1c;margin:.4em 0}details.skips summary{cursor:pointer}details.skips ul{margin:.2em 0 .6em}
+.failure h3{color:#b71c1c;margin:.4em 0}.eq{display:inline-block;min-width:10em}.mapnote{font-size:.8em;color:#444;max-width:60em}details.skips summary{cursor:pointer}details.skips ul{margin:.2em 0 .6em}
 """
 
 #: a gate's outcome (``gate_outcome``) as the class of its badge: green bitwise or in tier, green
@@ -351,15 +351,13 @@ def _piece_map(case: CaseResult, tensor: str, step: int, pieces: list[Comparison
     cw = min(24.0, box / max(1, cols))
     ch = min(24.0, 260 / max(1, total_rows))
     left, top, gap = 34, 24, 14
-    failing = [c.max_abs_diff for c in pieces if not c.passed]
-    finite = [d for d in failing if math.isfinite(d) and d > 0]
-    lo, hi = (math.log10(min(finite)), math.log10(max(finite))) if finite else (0.0, 0.0)
 
     def fill(c: Comparison) -> tuple[str, float]:
         if c.passed:
             return "#c8e6c9", 1.0
+        # on a fixed scale, 1e-8 to 1: two pieces that differ alike look alike, whatever the others
         d = c.max_abs_diff
-        t = 1.0 if not math.isfinite(d) else 0.5 if hi == lo or d <= 0 else (math.log10(d) - lo) / (hi - lo)
+        t = 1.0 if not math.isfinite(d) else 0.0 if d <= 0 else min(1.0, max(0.0, (math.log10(d) + 8) / 8))
         return _red(t), 0.3 + 0.7 * min(1.0, max(0.0, c.mismatch_fraction))
 
     parts: list[str] = []
@@ -429,24 +427,31 @@ def _piece_map(case: CaseResult, tensor: str, step: int, pieces: list[Comparison
     )
     if stacked:
         chunked = whole is not None and [sh[0] for sh in shapes] == _chunk_sizes(whole[0], len(shapes))
-        drawn = (
-            "Each rank's piece is a band of the whole tensor's rows"
-            + (" (leading dimensions flattened into rows)" if whole is not None and len(whole) > 2 else "")
-            + ", stacked in rank order"
-            + (" as FSDP2's Shard(0) lays them out (torch.chunk on dim 0: rank r from row r·⌈n/w⌉)" if chunked else "")
-            + "; the number at a boundary is the row where the next rank's piece starts"
+        drawn = "its ranks' pieces as bands of its rows" + (
+            ", as FSDP2's Shard(0) lays them out" if chunked else ", stacked in rank order"
         )
+        flat = whole is not None and len(whole) > 2
+        drawn += f" (dimensions {list(whole or ())[:-1]} flattened into rows)" if flat else ""
     elif whole is None or any(sh != whole for sh in shapes):
-        drawn = "Each rank's piece on its own: where it sits in the whole tensor is not recorded"
+        drawn = "each rank's piece on its own: where it sits in the whole tensor is not recorded"
     else:
-        drawn = "Each rank compared the whole tensor"
+        drawn = "each rank compared the whole tensor"
     return (
-        f'<figure class="map">{svg}<figcaption>Where <code>{_e(tensor)}</code> differs at step {step}. {drawn}. '
-        "A failing piece is red: fuller for a larger fraction of its elements differing, darker for a larger "
-        "max|diff| (darkest: inf or NaN); green passed; × marks its worst element. Drawn from each rank's "
-        "comparison (its piece's shape, count of differing elements, max|diff| and worst element): which other "
-        "elements differ is not recorded.</figcaption></figure>"
+        f'<figure class="map">{svg}<figcaption>Where <code>{_e(tensor)}</code> differs at step {step}: '
+        f"{_e(drawn)}.</figcaption></figure>"
     )
+
+
+#: how to read the maps (``_piece_map``), once under them
+_MAP_NOTE = (
+    "How to read a map: a band is one rank's piece of the tensor, its rows down and its columns across, the "
+    "pieces stacked in rank order; FSDP2's Shard(0) lays them out with torch.chunk on dim 0, rank r from row "
+    "r·⌈n/w⌉, and the number at a boundary is the row where the next piece starts. A failing piece is red, "
+    "fuller for a larger fraction of its elements differing and darker for a larger max|diff| (lightest at "
+    "1e-8 or less, darkest at 1 or more, inf or NaN); a green one passed; × marks a piece's worst element. "
+    "Drawn from each rank's comparison (its piece's shape, how many of its elements differ, max|diff| and the "
+    "worst element): which other elements differ is not recorded."
+)
 
 
 def _where_maps(case: CaseResult, most: int = 3) -> str:
@@ -465,21 +470,31 @@ def _where_maps(case: CaseResult, most: int = 3) -> str:
                 ranks.setdefault(c.rank, c)
         maps.append(_piece_map(case, tensor, first[tensor], [ranks[r] for r in sorted(ranks)]))
     more = len(first) - most
-    return "".join(maps) + (f"<p>{more} more tensor(s) differ: the message below lists them.</p>" if more > 0 else "")
+    note = f'<p class="mapnote">{_e(_MAP_NOTE)}</p>' if maps else ""
+    return (
+        "".join(maps)
+        + note
+        + (f"<p>{more} more tensor(s) differ: the message below lists them.</p>" if more > 0 else "")
+    )
 
 
 def _badge(g: GateSummary) -> str:
     """The gate's outcome (``gate_outcome``) as a coloured word, with how far inside its causes' tier."""
     outcome = gate_outcome(g)
     shown = "differs" if outcome == "failed" else outcome
-    note = f" ≤ {fmt(g.cause_reach)} of tier" if outcome == "within causes" and g.cause_reach is not None else ""
-    return f'<span class="badge {_OUTCOME_CLASS.get(outcome, "o-fail")}">{_e(shown)}{_e(note)}</span>'
+    badge = f'<span class="badge {_OUTCOME_CLASS.get(outcome, "o-fail")}">{_e(shown)}</span>'
+    if outcome == "within causes" and g.cause_reach is not None:
+        return f'{badge}<br><span class="note">≤ {_e(fmt(g.cause_reach))} of the tier</span>'
+    return badge
 
 
 def _gate_cells(g: GateSummary) -> list[str]:
     cells = [_e(c) for c in gate_row(g)]
     status = "fail" if g.failed_cases else "pass"
     cells[0] = f'<a class="{status}" href="#{anchor(g.gate)}">{_e(g.gate)}</a>'
+    # "equal to" is a sentence where cases were within causes or not judged: room to read it
+    equal = re.sub(r"(ref|self) ", r"\1&nbsp;", cells[5])
+    cells[5] = f'<span class="eq">{equal}</span>'
     return [cells[0], _badge(g), *cells[1:]]
 
 
@@ -501,7 +516,8 @@ def _verdict(g: GateSummary) -> str:
     if not g.comparisons:
         return f'<span class="pass">all {g.cases} cases passed</span> by the gate\'s own verdict (nothing compared){unjudged}'
     how = "every comparison bitwise" if outcome == "bitwise" else "within their tiers"
-    return f'<span class="pass">all {g.cases - g.not_judged} judged cases passed, {how}</span>{unjudged}'
+    judged = f"{g.cases - g.not_judged} judged" if g.not_judged else str(g.cases)
+    return f'<span class="pass">all {judged} cases passed, {how}</span>{unjudged}'
 
 
 def _gate_section(summary: RunSummary, g: GateSummary) -> str:

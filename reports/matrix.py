@@ -90,34 +90,45 @@ def render_markdown(matrix: Matrix) -> str:
     return "\n".join(parts)
 
 
-#: a verdict's colour in the HTML grid, and what it means (the legend)
+#: a verdict's colour in the HTML grid, its text's, and what it means (the legend): greens for a
+#: pass (darkest bitwise), yellow for neither pass nor failure, red and purple for failures, grey
+#: for what did not run
 COLOURS = {
-    "bitwise": ("#2e7d32", "bitwise: every comparison had the same bits"),
-    "passes": ("#66bb6a", "passes: the gate's own verdict, nothing compared (an input refused by name)"),
-    "tier": ("#f9a825", "tier: within a named tolerance tier"),
-    "fails": ("#c62828", "fails: a comparison differed"),
-    "crashes": ("#6a1b9a", "crashes: hang, abort, collective mismatch or error"),
-    "not": ("#bdbdbd", "not supported or not run"),
-    "probed": ("#ffffff", "dashed border: not declared by the adapter, tried anyway"),
+    "bitwise": ("#2e7d32", "#fff", "bitwise: every comparison had the same bits"),
+    "passes": ("#66bb6a", "#fff", "passes: the gate's own verdict, nothing compared (an input refused by name)"),
+    "tier": ("#aed581", "#1b1b1b", "tier: within a named tolerance tier"),
+    "within": ("#dcedc8", "#1b5e20", "within causes: differs only as the adapter's declared causes explain"),
+    "judged": ("#fdd835", "#1b1b1b", "not judged: differs where no tier can judge it"),
+    "fails": ("#c62828", "#fff", "fails: a comparison differed"),
+    "crashes": ("#6a1b9a", "#fff", "crashes: hang, abort, collective mismatch or error"),
+    "not": ("#e0e0e0", "#333", "not supported (the adapter declares it does not) or not run"),
+    "probed": ("#fff", "#000", "dashed border: not declared by the adapter, tried anyway"),
 }
+#: cells whose whole verdict their first words say: no line of prose beneath the grid
+_PLAIN = ("bitwise", "passes", "not run")
 
 
 def render_html(matrix: Matrix) -> str:
-    """One page (no scripts): a grid per kind of row, each cell its verdict's colour and first
-    words; the whole verdict on hover (``title``) and on click (``details``)."""
-    tables = "".join(_html_table(KINDS[kind], *matrix.table(kind)) for kind in matrix.kinds())
+    """One page (no scripts): a grid per kind of row, a row per adapter and a column per gate and
+    layout family, each cell its verdict's colour and first words; beneath it, the prose: what each
+    cell that is not plainly bitwise says, a cell's identical verdicts in a row said once. A cell
+    links to its line, and shows its whole verdict on hover (``title``)."""
+    tables = "".join(_html_table(k, KINDS[kind], *matrix.table(kind)) for k, kind in enumerate(matrix.kinds()))
     style = (
-        "body{font-family:system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
+        "body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1b1b}table{border-collapse:collapse}"
         "td,th{border:1px solid #fff;padding:3px 5px;vertical-align:top;font-size:12px}"
-        "th{background:#eee;writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;max-height:14em}"
-        "th.row,td.row{writing-mode:horizontal-tb;transform:none;text-align:left;background:#f7f7f7;max-width:22em}"
-        "td.cell{color:#fff;min-width:5.5em}td.cell.not{color:#333}td.cell.probed{outline:2px dashed #000;outline-offset:-3px}"
-        ".legend span.probed{color:#000;outline:2px dashed #000}details summary{cursor:pointer;list-style:none}"
-        "details[open]{max-width:40em}details div{white-space:pre-wrap;font-size:11px;margin-top:3px}"
-        ".legend span{display:inline-block;padding:2px 8px;margin:2px;color:#fff;font-size:12px}"
-        + "".join(f".{name}{{background:{colour}}}" for name, (colour, _) in COLOURS.items())
+        "th{background:#eee;writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;max-height:14em;text-align:left}"
+        "th.row,td.row{writing-mode:horizontal-tb;transform:none;text-align:left;background:#f7f7f7;width:20em;max-width:20em}"
+        "th.row{white-space:normal;vertical-align:bottom}td.row{overflow-wrap:anywhere}"
+        "td.row code{font-size:11px}td.row small{color:#555}"
+        "td.cell{width:5.5em;min-width:5.5em}td.cell a{color:inherit;text-decoration:none}"
+        "td.cell.probed{outline:2px dashed #000;outline-offset:-3px}"
+        ".legend span{display:inline-block;padding:2px 8px;margin:2px;font-size:12px}"
+        ".legend span.probed{outline:2px dashed #000}"
+        "ol.prose{font-size:13px;max-width:60em}ol.prose li{margin:.15em 0}ol.prose b{font-weight:600}"
+        + "".join(f".{name}{{background:{bg};color:{fg}}}" for name, (bg, fg, _) in COLOURS.items())
     )
-    legend = "".join(f'<span class="{name}">{html.escape(text)}</span>' for name, (_, text) in COLOURS.items())
+    legend = "".join(f'<span class="{name}">{html.escape(text)}</span>' for name, (_, _, text) in COLOURS.items())
     return (
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>muongate compatibility matrix</title>"
         f"<style>{style}</style></head><body><h1>muongate compatibility matrix</h1>"
@@ -125,31 +136,49 @@ def render_html(matrix: Matrix) -> str:
     )
 
 
-def _html_table(title: str, columns: list[str], rows: list[list[str]]) -> str:
-    """The first three columns (package, adapter, torch) as row headers; every other a coloured cell."""
-    head = "".join(
-        f'<th{" class=row" if i < 3 else ""} scope="col">{html.escape(c)}</th>' for i, c in enumerate(columns)
+def _html_table(k: int, title: str, columns: list[str], rows: list[list[str]]) -> str:
+    """The grid, a row header each (package, adapter, torch and backend), then the prose beneath it."""
+    head = '<th class="row" scope="col">package, adapter, torch and backend</th>' + "".join(
+        f'<th scope="col">{html.escape(c)}</th>' for c in columns[3:]
     )
-    body = []
-    for row in rows:
-        cells = [f'<td class="row">{html.escape(c)}</td>' for c in row[:3]]
+    body, prose = [], []
+    for i, row in enumerate(rows):
+        package, adapter, ran = (html.escape(c) for c in row[:3])
+        cells = [f'<td class="row"><b>{package}</b><br><code>{adapter}</code><br><small>{ran}</small></td>']
+        said: dict[str, list[str]] = {}  # a verdict's text → the columns it is the verdict of
         for column, text in zip(columns[3:], row[3:], strict=True):
-            status = _status_class(text)
-            short = text.split(":", 1)[0]
+            if not text.startswith(_PLAIN):
+                said.setdefault(text, []).append(column)
+        lines = list(said)
+        for column, text in zip(columns[3:], row[3:], strict=True):
+            short = html.escape(text.split(":", 1)[0])
+            if text in said:
+                short = f'<a href="#m{k}-{i}-{lines.index(text)}">{short}</a>'
             whole = html.escape(f"{column}: {text}")
-            cells.append(
-                f'<td class="cell {status}" title="{whole}"><details><summary>{html.escape(short)}</summary>'
-                f"<div>{html.escape(text)}</div></details></td>"
-            )
+            cells.append(f'<td class="cell {_status_class(text)}" title="{whole}">{short}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
+        if lines:
+            items = "".join(
+                f'<li id="m{k}-{i}-{j}"><b>{html.escape(", ".join(said[text]))}</b>: {html.escape(text)}</li>'
+                for j, text in enumerate(lines)
+            )
+            prose.append(f"<h3>{package} <code>{adapter}</code></h3><ol class='prose'>{items}</ol>")
     caption = html.escape(title.replace("`", ""))
-    return f"<h2>{caption}</h2><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f"<h2>{caption}</h2><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>" + (
+        f"<h2>{caption}: what each cell says</h2>{''.join(prose)}" if prose else ""
+    )
 
 
 def _status_class(text: str) -> str:
-    """A cell's classes: its verdict's; a cell not declared but tried has the tried verdict's, dashed."""
+    """A cell's classes: its verdict's (``within causes``: ``within``; ``not judged``: ``judged``; ``not
+    supported`` and ``not run``: ``not``); a cell not declared but tried has the tried verdict's, dashed."""
     tried = text.removeprefix("not declared: tried: ")
-    first = tried.split(" ", 1)[0].rstrip(":")
+    words = tried.split(":", 1)[0].split()
+    first = (
+        {"within": "within", "not": "judged" if words[1:2] == ["judged"] else "not"}.get(words[0], words[0])
+        if words
+        else ""
+    )
     return (first if first in COLOURS else "") + (" probed" if tried != text else "")
 
 

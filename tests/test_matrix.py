@@ -205,6 +205,40 @@ def test_the_matrix_page_is_a_coloured_grid_that_renders_in_headless_chromium(tm
     assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000, "the page rendered blank"
 
 
+def test_the_matrix_page_is_a_grid_of_verdicts_with_their_prose_beneath_it() -> None:
+    """Each cell its verdict's colour and first words, linked to its line beneath the grid; a row's
+    identical verdicts said once, naming their columns; a plainly bitwise cell has no line."""
+    header = Header(torch="2.13.0+cpu", backend="gloo")
+    cpu = "its ranks run on cpu, and x:y does not declare cpu"
+    row = row_of("x:y", "x 1.0", [
+        header,
+        _case(1, "one_step"),
+        _case(2, "several_steps", "failed", bitwise=False, passed=False, max_abs_diff=0.5),
+        Skip("checkpoint", f"checkpoint: not run: {cpu}"),
+        Skip("hybrid_groups", f"hybrid_groups: not run: {cpu}"),
+    ])  # fmt: skip
+    page = render_html(Matrix([row]))
+    grid, prose = page.split("what each cell says</h2>")
+    assert '<td class="cell bitwise" title="one_step: bitwise (1): 1/1">bitwise (1)</td>' in grid
+    assert '<td class="cell fails" title="several_steps: fails (1): differs' in grid
+    assert '<a href="#m0-0-1">fails (1)</a>' in grid and '<a href="#m0-0-0">not supported</a>' in grid
+    assert '<li id="m0-0-0"><b>checkpoint, hybrid_groups</b>: not supported: does not declare cpu</li>' in prose
+    assert '<li id="m0-0-1"><b>several_steps</b>: fails (1): differs from reference (max|diff| 0.5)' in prose
+    assert "one_step" not in prose and prose.count("<li") == 2 + 1  # and the fsdp layout's failed case
+
+
+def test_every_verdict_of_the_matrix_has_its_colour() -> None:
+    from reports.matrix import _status_class
+
+    verdicts = {
+        "bitwise (1): 1/1": "bitwise", "passes (1): nothing compared": "passes", "tier (2): reduction_order": "tier",
+        "within causes (3): ≤ 0.74 of the tier": "within", "not judged (1): a bf16 weight": "judged",
+        "fails (1): differs": "fails", "crashes (1): hang": "crashes", "not supported: does not declare cpu": "not",
+        "not run": "not", "not declared: tried: crashes (1): error": "crashes probed",
+    }  # fmt: skip
+    assert {text: _status_class(text) for text in verdicts} == verdicts
+
+
 def test_a_feature_an_adapter_does_not_declare_is_tried_and_its_cell_says_what_happened() -> None:
     """A cell skipped for an undeclared feature is never a bare "not supported": the probe run's
     verdict replaces it; a narrowed cell says what its cases did unnarrowed; a layout the adapter
