@@ -122,8 +122,8 @@ _WORDY = ("cases", "failed", "equal to", "bitwise")
 
 
 def _gate_tables(summary: RunSummary) -> _Fitted:
-    """The gate table, a column each; where that does not fit, what each gate judged and its tiers
-    under its name (a gate a row of two lines), which fits 100 columns."""
+    """The gate table, a column each; where that does not fit, what each gate judged, its tiers and
+    its cases within causes or not judged under its name, which fits 100 columns."""
     gates = summary.ordered_gates()
     full = _table("", GATE_COLUMNS, {"tiers", "judged"}, wide="gate", wrap=_WORDY)
     narrow = _table("", ("gate", *GATE_COLUMNS[3:]), {"gate"}, wrap=_WORDY)
@@ -134,8 +134,10 @@ def _gate_tables(summary: RunSummary) -> _Fitted:
         cells = gate_row(g)
         colour = "red" if g.failed_cases else "yellow" if gate_outcome(g) == "not judged" else "green"
         full.add_row(_text(cells[0], colour), *map(_text, cells[1:]))
-        name = _text(cells[0], colour) + _text(f"\n{cells[1]} · {cells[2]}", "dim")
-        narrow.add_row(name, *map(_text, cells[3:]))
+        # "equal to" keeps its counts; what is said of the rest (within causes, not judged) goes under the name
+        equal, *said = cells[5].split(" · ")
+        name = _text(cells[0], colour) + _text("\n" + " · ".join([cells[1], cells[2], *said]), "dim")
+        narrow.add_row(name, *map(_text, (*cells[3:5], equal, *cells[6:])))
     return _Fitted(full, narrow)
 
 
