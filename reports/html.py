@@ -604,15 +604,18 @@ def page(summary: RunSummary) -> str:
         + _outcomes(summary)
         + (f'<p class="unjudged">NOT JUDGED: {_e(why)}</p>' if why else "")
         + "</header><main>",
-        "<h2>Gates</h2>",
-        _table(
-            "every gate, failing gates first",
-            ("gate", "outcome", *GATE_COLUMNS[1:]),
-            [_gate_cells(g) for g in gates],
-            numeric=set(GATE_COLUMNS) - {"gate", "tiers", "judged", "equal to"},
-        ),
-        f"<details><summary>what the columns say</summary><p>{_e(GATE_LEGEND)}</p></details>",
     ]
+    if gates:  # a run where no gate ran a case has said so in its outcome line
+        parts += [
+            "<h2>Gates</h2>",
+            _table(
+                "every gate, failing gates first",
+                ("gate", "outcome", *GATE_COLUMNS[1:]),
+                [_gate_cells(g) for g in gates],
+                numeric=set(GATE_COLUMNS) - {"gate", "tiers", "judged", "equal to"},
+            ),
+            f"<details><summary>what the columns say</summary><p>{_e(GATE_LEGEND)}</p></details>",
+        ]
     parts += [_failure(summary, i, f) for i, f in enumerate(summary.failures)]
     everything: Counter[str] = Counter()
     for g in gates:
@@ -656,8 +659,9 @@ def page(summary: RunSummary) -> str:
         parts.append("".join(f"<figure>{_loss_curve(r)}</figure>" for r in summary.training if r.train_bits))
     if summary.skips:
         parts.append(_skips(summary))
-    parts.append("<h2>Each gate</h2>")
-    parts += [_gate_section(summary, g) for g in gates]
+    if gates:
+        parts.append("<h2>Each gate</h2>")
+        parts += [_gate_section(summary, g) for g in gates]
     if summary.spectra:
         parts.append("<h2>Orthogonalized spectra against the float64 polar factor</h2>")
         parts.append("".join(f"<figure>{_spectrum(r)}</figure>" for r in summary.spectra[:24]))

@@ -51,7 +51,8 @@ def to_markdown(summary: RunSummary) -> str:
     if why:
         lines += ["", f"> **NOT JUDGED:** {_cell(why)}"]
     numeric = set(GATE_COLUMNS) - {"gate", "tiers", "judged"}
-    lines += ["", *_table(GATE_COLUMNS, [gate_row(g) for g in summary.ordered_gates()], numeric)]
+    if summary.gates:
+        lines += ["", *_table(GATE_COLUMNS, [gate_row(g) for g in summary.ordered_gates()], numeric)]
     for f in summary.failures:
         tried = summary.gates[f.gate].failed_cases if f.gate in summary.gates else 0
         lines += ["", f"**FAILED** `{f.gate}`: {f.finding} ({tried} failing case(s) while shrinking)"]

@@ -319,7 +319,9 @@ def outcome_counts(summary: RunSummary) -> Counter[str]:
 
 def outcome_line(summary: RunSummary) -> str:
     """``12 gates: 9 bitwise, 1 within causes, 0 not judged, 2 differ``: every gate by outcome, ``in
-    tier`` and each crash (``1 hang``) only where some gate had it."""
+    tier`` and each crash (``1 hang``) only where some gate had it; where no gate ran, that."""
+    if not summary.gates:
+        return "no gate ran a case"
     counts = outcome_counts(summary)
     shown = [f"{counts[o]} {o}" for o in OUTCOMES if counts[o] or o != "in tier"]
     shown += [f"{n} {o}" for o, n in sorted(counts.items()) if o not in OUTCOMES]

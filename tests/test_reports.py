@@ -458,6 +458,15 @@ def test_a_named_candidate_that_judged_nothing_says_why_above_the_gate_table() -
     assert "NOT JUDGED" not in page(default) and "NOT JUDGED" not in to_markdown(default)
 
 
+def test_a_run_where_no_gate_ran_says_so_and_draws_no_empty_gate_table() -> None:
+    from reports.html import page
+
+    summary = summarize([Header(), Skip("checkpoint", "needs --nproc 4")])
+    html, markdown = page(summary), to_markdown(summary)
+    assert '<p class="outcomes">no gate ran a case</p>' in html and "<table>" not in html
+    assert "**no gate ran a case**" in markdown and "| gate |" not in markdown
+
+
 def test_the_first_failure_sits_right_under_the_gate_table_in_html_and_markdown() -> None:
     from reports.html import page
 
