@@ -167,7 +167,8 @@ def summarize(records: Iterable[Record]) -> RunSummary:
             summary.header = r
         elif isinstance(r, CaseResult):
             summary.gates.setdefault(r.gate, GateSummary(r.gate)).add(r)
-            summary.candidate_cases += r.judged == CANDIDATE and r.status != "not judged"
+            judged_it = r.judged == CANDIDATE or bool(summary.header.engine and r.judged == summary.header.engine)
+            summary.candidate_cases += judged_it and r.status != "not judged"
             if r.failed:  # one minimal case per kind of finding (hypothesis shrinks each)
                 last_failure[(r.gate, r.finding)] = r
         elif isinstance(r, NegativeControl):
@@ -184,7 +185,8 @@ def summarize(records: Iterable[Record]) -> RunSummary:
     return summary
 
 
-#: ``CaseResult.judged`` of a case that judged the session's candidate (``--impl``, ``--engine``)
+#: ``CaseResult.judged`` of a case that judged the session's ``--impl`` candidate (an engine gate's
+#: names the ``--engine`` spec, as the header does)
 CANDIDATE = "candidate"
 
 

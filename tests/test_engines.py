@@ -90,9 +90,7 @@ def _engine_session(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[s
 
 @pytest.mark.slow
 def test_the_flat_engine_passes_every_engine_gate_and_each_planted_engine_bug_is_caught(tmp_path: Path) -> None:
-    # the flat engine is muongate's own, reported as muongate's: its session judges no
-    # candidate, which since 5409257 exits 1 unless --allow-unjudged
-    run = _engine_session(tmp_path, "--engine", "gates.examples.flat_engine:flat_engine", "--allow-unjudged")
+    run = _engine_session(tmp_path, "--engine", "gates.examples.flat_engine:flat_engine")
     assert run.returncode == 0, run.stdout[-4000:]
     gates = json.loads((tmp_path / "report" / "figures.json").read_text())["gates"]
     for control in ("sliced_engine", "per_micro_batch_engine", "partly_reduced_engine"):

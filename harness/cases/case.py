@@ -199,6 +199,11 @@ class ReshardCase:
     def candidate(self) -> Any:
         return self.after.candidate
 
+    @property
+    def reference(self) -> Any:
+        """The reference both phases are judged against (``harness.algorithms.reference_of``)."""
+        return self.after.reference
+
     def describe(self) -> str:
         def where(c: Case) -> str:
             mesh = "×".join(map(str, c.mesh))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from harness.candidates import Impl, Kernel
-from harness.cases import Case
+from harness.cases import Case, ReshardCase
 from harness.cases.case import candidate_name
 from harness.causes import BEYOND, judge_causes
 from harness.outcomes import Classified
@@ -224,7 +224,7 @@ class GateRunner:
             found, message = robust_finding(ran)
             kind, status = found or kind, status if found else "passed"
         figures: dict[str, float] = {}
-        if status == "failed" and self.impl is not None and isinstance(ran.case, Case) and ran.against == "reference":
+        if status == "failed" and self.impl is not None and _judged_case(ran.case) and ran.against == "reference":
             status, kind, message, figures = self._by_causes(ran, kind, message or "", calibrated=calibrated)
         described = ran.case.describe()
         failed = status not in NOT_FAILED
@@ -252,11 +252,12 @@ class GateRunner:
         red where a tensor lies past their tier or differs where they cannot reach; green
         (``within causes``) where every difference was judged within their tier, or some were and
         the rest no tier can judge (each named); ``not judged`` where none could be judged."""
-        assert self.impl is not None and isinstance(ran.case, Case)
+        case = _judged_case(ran.case)
+        assert self.impl is not None and case is not None
         causes = self.impl.differences
         if not causes:
             return "failed", kind, message, {}
-        verdict = judge_causes(causes, ran.case, ran.judged, self.device, calibrated=calibrated)
+        verdict = judge_causes(causes, case, ran.judged, self.device, calibrated=calibrated)
         named = "+".join(sorted(causes))
         unjudged = [f"  not judged: {line}" for line in verdict.unjudged]
         if verdict.past or verdict.unexplained:
@@ -325,3 +326,11 @@ class GateRunner:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # hypothesis's pretty printer asks for this
         printer.text(repr(self))
+
+
+def _judged_case(case: Any) -> Case | None:
+    """The ``Case`` whose parameters and settings a ran case's comparisons are of: itself, or a
+    resharding case's second phase (the same parameters, seed, settings and steps)."""
+    if isinstance(case, ReshardCase):
+        return case.after
+    return case if isinstance(case, Case) else None
