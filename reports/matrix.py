@@ -117,7 +117,7 @@ def render_html(matrix: Matrix) -> str:
     style = (
         "body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1b1b}table{border-collapse:collapse}"
         "td,th{border:1px solid #fff;padding:3px 5px;vertical-align:top;font-size:12px}"
-        "th{background:#eee;writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;max-height:14em;text-align:left}"
+        "th{background:#eee;writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;text-align:left}"
         "th.row,td.row{writing-mode:horizontal-tb;transform:none;text-align:left;background:#f7f7f7;width:20em;max-width:20em}"
         "th.row{white-space:normal;vertical-align:bottom}td.row{overflow-wrap:anywhere}"
         "td.row code{font-size:11px}td.row small{color:#555}"
@@ -144,7 +144,9 @@ def _html_table(k: int, title: str, columns: list[str], rows: list[list[str]]) -
     body, prose = [], []
     for i, row in enumerate(rows):
         package, adapter, ran = (html.escape(c) for c in row[:3])
-        cells = [f'<td class="row"><b>{package}</b><br><code>{adapter}</code><br><small>{ran}</small></td>']
+        # an adapter that names no package of its own is named once
+        spec = "" if package.startswith(adapter) else f"<code>{adapter}</code>"
+        cells = [f'<td class="row"><b>{package}</b><br>{spec + "<br>" if spec else ""}<small>{ran}</small></td>']
         said: dict[str, list[str]] = {}  # a verdict's text → the columns it is the verdict of
         for column, text in zip(columns[3:], row[3:], strict=True):
             if not text.startswith(_PLAIN):
@@ -162,7 +164,7 @@ def _html_table(k: int, title: str, columns: list[str], rows: list[list[str]]) -
                 f'<li id="m{k}-{i}-{j}"><b>{html.escape(", ".join(said[text]))}</b>: {html.escape(text)}</li>'
                 for j, text in enumerate(lines)
             )
-            prose.append(f"<h3>{package} <code>{adapter}</code></h3><ol class='prose'>{items}</ol>")
+            prose.append(f"<h3>{package} {spec}</h3><ol class='prose'>{items}</ol>")
     caption = html.escape(title.replace("`", ""))
     return f"<h2>{caption}</h2><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>" + (
         f"<h2>{caption}: what each cell says</h2>{''.join(prose)}" if prose else ""
