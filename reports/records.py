@@ -272,6 +272,9 @@ class CaseResult(Record):
     narrowed: tuple[str, ...] = ()
     #: the case's layout family (``harness.cases.Case.layout``: fsdp, 3-D, hsdp, tp, …)
     layout: str = ""
+    #: what the verdict rests on: the ``reference``, or the candidate on one device (``self``); the
+    #: other is shown beside it (``Comparison.against``); empty in streams before it was written
+    against: str = ""
 
     @property
     def passed(self) -> bool:
@@ -289,7 +292,7 @@ class CaseResult(Record):
         found a difference far past what the candidate's declared causes explain (``figures``)."""
         if self.status == "failed" and self.figures.get(BEYOND_CAUSES):
             return "beyond its causes"
-        return finding_of(self.status, self.comparisons)
+        return finding_of(self.status, self.comparisons, self.against or "self")
 
     def verdict(self, against: str) -> bool | None:
         """Whether every comparison with ``against`` passed; ``None`` where there was none."""
@@ -349,17 +352,17 @@ BEYOND_CAUSES = "beyond_causes"
 CAUSE_REACH = "cause_reach"
 
 
-def finding_of(status: Status, comparisons: Iterable[Comparison]) -> str:
-    """What kind of failure a case is: a crash's status, or which comparisons differed
-    (``differs from itself`` before ``differs from reference``), else ``failed`` (a verdict
-    the gate reached itself, or a case that compared nothing)."""
+def finding_of(status: Status, comparisons: Iterable[Comparison], against: str = "self") -> str:
+    """What kind of failure a case is: a crash's status, or which comparisons differed (those
+    with what the case was judged ``against`` first: an engine's own optimizer shown beside the
+    reference is not what failed it), else ``failed`` (a verdict the gate reached itself, or a
+    case that compared nothing)."""
     if status != "failed":
         return status
     comparisons = tuple(comparisons)
-    if verdict_of(comparisons, "self") is False:
-        return "differs from itself"
-    if verdict_of(comparisons, "reference") is False:
-        return "differs from reference"
+    for side in (against, "reference" if against == "self" else "self"):
+        if verdict_of(comparisons, side) is False:
+            return "differs from itself" if side == "self" else "differs from reference"
     return "failed"
 
 

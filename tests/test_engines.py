@@ -186,3 +186,20 @@ def test_a_bug_planted_in_deepspeed_fails_the_engine_gate_against_the_reference_
     assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout[-4000:]
     for stage in range(4):
         assert re.search(rf"engine:deepspeed momentum_restarted stage {stage}\s+yes", run.stdout), run.stdout[-4000:]
+
+
+def test_a_case_judged_against_the_reference_is_named_by_it_when_the_engines_own_optimizer_shown_beside_it_differs_too() -> (
+    None
+):
+    """An engine's one-device optimizer, shown beside the reference (``Engine.shown``), does not
+    decide the verdict, so it does not name the finding either; under --against self it does, and
+    a stream written before the case said what it rested on reads as it did (self first)."""
+    from reports.records import CaseResult, Comparison
+
+    both = (Comparison("w", (2, 2), bitwise=False, passed=False), Comparison("w", (2, 2), passed=False, against="self"))
+    assert (
+        CaseResult(1, "engine", "c", "failed", comparisons=both, against="reference").finding
+        == "differs from reference"
+    )
+    assert CaseResult(1, "engine", "c", "failed", comparisons=both, against="self").finding == "differs from itself"
+    assert CaseResult(1, "engine", "c", "failed", comparisons=both).finding == "differs from itself"

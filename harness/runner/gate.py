@@ -237,8 +237,9 @@ class GateRunner:
                     f"on: {earlier[1]}"
                 )
         self._record(
-            gate, ran.case, status, message or "", ran.outcome.seconds, comparisons=ran.comparisons, figures=figures
-        )
+            gate, ran.case, status, message or "", ran.outcome.seconds, comparisons=ran.comparisons, figures=figures,
+            against=ran.against,
+        )  # fmt: skip
         if earlier is not None:
             raise AlreadyShrunk(self._failure(gate, message or "", described))
         if failed:

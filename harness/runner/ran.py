@@ -52,7 +52,7 @@ class Ran:
     def kind(self) -> str:
         """The kind of finding (``harness.runner.findings.FINDINGS``) this case is, if it failed:
         the report's own name for it (``reports.records.finding_of``)."""
-        return finding_of(self.status, self.comparisons)
+        return finding_of(self.status, self.comparisons, self.against)
 
     @property
     def message(self) -> str | None:
