@@ -37,7 +37,8 @@ busy machine) is not in a collective or is runnable, and is never called a hang 
 case's wall-clock deadline is when a case that shows no progress becomes a hang, not when a
 case must have finished: past it, the case is a hang once no rank of it has progressed for
 ``QUIET_S`` (or half its deadline, if shorter), where progress is a rank that returned, a
-main-thread stack that changed, bytes moved, CPU used or a thread runnable. A case whose ranks
+main-thread stack that changed, a byte moved or a tenth of a second of CPU used in all since
+the last progress (``harness.ranks.watch.Quiet``). A case whose ranks
 still progress, inside collectives or outside them (four ranks of a correct tensor-parallel
 optimizer, with other runs oversubscribing a 16-core machine twice, sat in their all-reduces
 and gathers past a 120 s deadline and were called hung), runs on, up to ``SLOW_CAP`` times its
@@ -75,7 +76,7 @@ from harness.ranks.budget import ThreadBudget, usable_cores
 from harness.ranks.context import CaseOutcome, Groups, RankContext, RankFailure, make_groups
 from harness.ranks.forkserver import fork_server
 from harness.ranks.stacks import Frame, collective, crash_said, main_thread_frames, own_frames
-from harness.ranks.watch import Progress, StackReader, serve_stacks
+from harness.ranks.watch import Progress, Quiet, StackReader, serve_stacks
 
 #: What the forkserver imports once, so that every worker forked from it starts warm.
 _PRELOAD = [
@@ -451,7 +452,8 @@ class RankPool:
         # CPU use tells a progressing gloo rank from a waiting one; a CUDA rank's CPU may spin
         # in a wait for the GPU, so there the stacks alone decide.
         progress = None if self.devices[0].startswith("cuda") else Progress()
-        #: when some rank last progressed: it returned, its stack changed, or it moved bytes or used CPU
+        quiet = None if progress is None else Quiet()
+        #: when some rank last progressed: it returned, its stack changed, or it moved bytes or used CPU (``Quiet``)
         progressed = start
         seen: dict[int, str] = {}
         gap = self.sample_after_s
@@ -473,7 +475,8 @@ class RankPool:
                 changed = any(r in seen and seen[r] != text for r, text in answered.items())
                 seen = {**seen, **answered}
                 now = time.monotonic()
-                if moved or changed:
+                pids = {r: self._watched[r] for r in pending}
+                if quiet.progressed(pids, anyway=changed) if quiet is not None else changed:
                     progressed = now
                 if failure is not None:
                     # A rank raised. Under DETAIL each rank names its own side of a mismatch, and

@@ -133,7 +133,7 @@ class StackReader:
 
 
 def activity(pid: int, skip_tid: int | None = None) -> tuple[int, int, bool] | None:
-    """``(CPU ns, bytes read and written, a thread runnable or in disk I/O)`` of a process so far, from
+    """``(CPU ns, bytes read and written, a thread running)`` of a process so far, from
     ``/proc``; ``None`` where that cannot be read. The thread ``skip_tid`` (the stack reader,
     whose answers are no progress of the rank's) is left out. gloo's transport threads
     (``gloo_tcp_loop``) wake every few milliseconds while idle, so their being runnable says
@@ -154,8 +154,7 @@ def activity(pid: int, skip_tid: int | None = None) -> tuple[int, int, bool] | N
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
         moved += int(io["rchar"]) + int(io["wchar"])
-        # "D": in the kernel on disk I/O (a checkpoint's files on a busy disk), which returns by itself.
-        running = running or (fields.split()[0] in ("R", "D") and not head.endswith("(gloo_tcp_loop"))
+        running = running or (fields.split()[0] == "R" and not head.endswith("(gloo_tcp_loop"))
     return used, moved, running
 
 
@@ -185,3 +184,33 @@ class Progress:
             running or moved > before[r][1] or used - before[r][0] > budget
             for r, (used, moved, running) in known.items()
         )
+
+
+class Quiet:
+    """Whether any of a set of ranks progressed since the last time one did: moved a byte, or used
+    more than ``cpu_s`` of CPU in all since then (``activity``).
+
+    ``Progress`` judges each gap between two looks, a few tenths of a second, where a runnable
+    thread must count: a rank descheduled that long may be the one the others wait for. Over the
+    seconds a case may sit still past its deadline, what it adds up to counts instead: a rank
+    that gets any share of a crowded machine uses more than ``cpu_s`` in that time; a rank that
+    only waits uses a fraction of a millisecond a second (gloo's transport thread waking)."""
+
+    def __init__(self, cpu_s: float = 0.1) -> None:
+        self.cpu_ns = cpu_s * 1e9
+        self._mark: dict[int, tuple[int, int]] = {}
+
+    def progressed(self, pids: dict[int, tuple[int, int | None]], *, anyway: bool = False) -> bool:
+        """``pids``: rank → (pid, stack reader's tid). ``anyway``: progress seen otherwise (a stack
+        that changed); the marks move to now. A rank first seen, or one whose ``/proc`` cannot
+        be read, shows none."""
+        now: dict[int, tuple[int, int]] = {}
+        for r, (pid, tid) in pids.items():
+            if (state := activity(pid, tid)) is not None:
+                now[r] = state[:2]
+        grew = anyway or any(
+            r in self._mark and (used - self._mark[r][0] > self.cpu_ns or moved > self._mark[r][1])
+            for r, (used, moved) in now.items()
+        )
+        self._mark = now if grew else {**now, **{r: m for r, m in self._mark.items() if r in now}}
+        return grew
