@@ -414,7 +414,7 @@ def _piece_map(case: CaseResult, tensor: str, step: int, pieces: list[Comparison
     for y, x, text in labels:  # a label at its band, or below the one before where bands are thin
         last = max(y + 3, last + gap)
         parts.append(f'<text x="{x:.1f}" y="{last:.1f}" font-size="10">{_e(text)}</text>')
-    if stacked:
+    if stacked and all(first < total_rows for _, first, _, _ in panels):  # else an empty last piece numbered it
         parts.append(
             f'<text x="{left - 8}" y="{top + total_rows * ch + 4:.1f}" font-size="10" text-anchor="end">{total_rows}</text>'
         )
