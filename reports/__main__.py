@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("paths", nargs="+", metavar="DIR | compare BASE NOW")
     args = parser.parse_args(argv)
-    console = Console(width=max(100, Console().width), emoji=False)  # as wide as the pytest summary
+    # as the pytest summary: a terminal's width (the summary fits 100 columns), else as wide as the tables
+    console = Console(width=Console().width if Console().is_terminal else 140, emoji=False)
     if args.paths[0] == "compare":
         if len(args.paths) != 3:
             parser.error("compare takes two runs: python -m reports compare BASE NOW")

@@ -709,7 +709,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     summary = summarize(records)
     console = Console(  # no emoji: "examples.hf_llama:llama" is a spec, not ":llama:"
         file=terminalreporter._tw._file,
-        width=max(100, terminalreporter._tw.fullwidth),  # fits a 100-column terminal (tests/test_reports.py)
+        width=terminalreporter._tw.fullwidth if terminalreporter._tw._file.isatty() else 140,  # a log: lines whole
         no_color="CI" in os.environ,
         emoji=False,
     )
