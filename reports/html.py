@@ -35,7 +35,7 @@ from reports.summary import (
     outcome_counts,
     outcome_line,
     scenario_row,
-    skip_reason,
+    skip_groups,
     training_row,
     unjudged_reason,
     worse,
@@ -567,15 +567,12 @@ def _outcomes(summary: RunSummary) -> str:
 
 
 def _skips(summary: RunSummary) -> str:
-    """Skips by reason, most first: a count per reason, the gates it skipped folded under it."""
-    by_reason: dict[str, list[str]] = {}
-    for s in summary.skips:
-        by_reason.setdefault(skip_reason(s), []).append(s.gate)
+    """Skips by reason, most first: a count per reason, the gate tests it skipped folded under it."""
     items = "".join(
-        f'<details class="skips"><summary class="skip">{len(gates)} gate test(s): {_e(reason)}</summary><ul>'
-        + "".join(f"<li><code>{_e(gate)}</code></li>" for gate in gates)
+        f'<details class="skips"><summary class="skip">{len(skips)} gate test(s): {_e(text)}</summary><ul>'
+        + "".join(f"<li><code>{_e(s.gate)}</code></li>" for s in skips)
         + "</ul></details>"
-        for reason, gates in sorted(by_reason.items(), key=lambda item: -len(item[1]))
+        for text, skips in skip_groups(summary)
     )
     return f"<h2>Skipped: {len(summary.skips)} gate test(s)</h2>{items}"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Sequence
 
 from reports.summary import (
@@ -18,7 +17,8 @@ from reports.summary import (
     names_candidate,
     outcome_line,
     scenario_row,
-    skip_reason,
+    skip_groups,
+    test_names,
     title,
     training_row,
     unjudged_reason,
@@ -33,6 +33,12 @@ def _cell(text: str) -> str:
 def _fence(text: str) -> str:
     """A code fence longer than any run of backticks in ``text``, which would close a shorter one."""
     return "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+
+
+def _code(text: str) -> str:
+    """``text`` as inline code, its delimiters longer than any run of backticks in it."""
+    ticks = "`" * (1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return f"{ticks} {text} {ticks}" if text.startswith("`") or text.endswith("`") else f"{ticks}{text}{ticks}"
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], right: set[str]) -> list[str]:
@@ -82,7 +88,8 @@ def to_markdown(summary: RunSummary) -> str:
             TRAINING_COLUMNS, [training_row(r) for r in summary.training], set(TRAINING_COLUMNS) - {"gate", "case"}
         )
     if summary.skips:
-        reasons = Counter(skip_reason(s) for s in summary.skips)
         lines += ["", f"## Skipped: {len(summary.skips)} gate test(s)", ""]
-        lines += [f"- {n} gate test(s): {_cell(reason)}" for reason, n in reasons.most_common()]
+        for text, skips in skip_groups(summary):
+            names = ", ".join(_code(name) + (f" ×{n}" if n > 1 else "") for name, n in test_names(skips))
+            lines.append(_cell(f"- {len(skips)} gate test(s): {text} ({names})"))
     return encodable("\n".join(lines) + "\n")

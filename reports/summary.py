@@ -197,6 +197,25 @@ def skip_reason(skip: Skip) -> str:
     return f"not run: {rest}" if sep and " " not in head else skip.reason
 
 
+def skip_groups(summary: RunSummary) -> list[tuple[str, list[Skip]]]:
+    """The skips by reason (``skip_reason``), most first, each with the text to show: a reason only
+    one skip has as it was written, naming its gate where it does (``hybrid_groups: not run: …``)."""
+    groups: dict[str, list[Skip]] = {}
+    for s in summary.skips:
+        groups.setdefault(skip_reason(s), []).append(s)
+    ordered = sorted(groups.items(), key=lambda item: -len(item[1]))
+    return [(skips[0].reason if len(skips) == 1 else reason, skips) for reason, skips in ordered]
+
+
+def test_names(skips: Iterable[Skip]) -> list[tuple[str, int]]:
+    """The test functions ``skips`` skipped, each once with how many of its nodes, in the order
+    first skipped: a node id's path left out, and its parameters where a function had several
+    nodes, so that a reason skipping a whole suite names its few functions, not its every node."""
+    nodes = [s.gate.rpartition("::")[2] or s.gate for s in skips]
+    functions = Counter(node.partition("[")[0] for node in nodes)
+    return list(Counter(n if functions[n.partition("[")[0]] == 1 else n.partition("[")[0] for n in nodes).items())
+
+
 def unjudged_reason(summary: RunSummary) -> str:
     """Why a run judged nothing of its candidate, in one line; empty where it judged something."""
     if summary.candidate_cases:

@@ -482,18 +482,33 @@ def test_the_first_failure_sits_right_under_the_gate_table_in_html_and_markdown(
     assert last_row < failed < markdown.index("_judged: whose code")
 
 
-def test_skips_are_a_count_per_reason_listing_their_gates_in_html() -> None:
+def test_skips_are_a_count_per_reason_naming_their_tests() -> None:
+    """The HTML folds each reason's gate tests under its count; the Markdown names their test
+    functions, each once; a reason one skip has reads as written, naming its gate."""
     from reports.html import page
 
     reason = "their_muon:m does not declare checkpoint"
     skips = [Skip(g, f"{g}: not run: {reason}") for g in ("checkpoint", "hybrid_groups", "world_size_independence")]
-    summary = summarize([*RECORDS, *skips])
+    kernel = [Skip(f"gates/test_kernel_gates.py::test_kernel_edge[{p}]", "judges a kernel") for p in ("nan", "zero")]
+    narrowed = Skip("edge:experts-3x6x4", "edge:experts-3x6x4: not run: narrowed for x: w [3, 6, 4] → one expert")
+    summary = summarize([*RECORDS, *skips, *kernel, narrowed])
     html, markdown = page(summary), to_markdown(summary)
     listed = "".join(f"<li><code>{g}</code></li>" for g in ("checkpoint", "hybrid_groups", "world_size_independence"))
     assert f'<summary class="skip">3 gate test(s): not run: {reason}</summary><ul>{listed}</ul>' in html
     assert '<summary class="skip">1 gate test(s): needs --nproc 4</summary>' in html
-    assert f"- 3 gate test(s): not run: {reason}\n- 1 gate test(s): needs --nproc 4\n" in markdown
-    assert "hybrid_groups" not in markdown
+    assert "<h2>Skipped: 7 gate test(s)</h2>" in html and "## Skipped: 7 gate test(s)" in markdown
+    assert (
+        f"- 3 gate test(s): not run: {reason} (`checkpoint`, `hybrid_groups`, `world_size_independence`)\n"
+        "- 2 gate test(s): judges a kernel (`test_kernel_edge` ×2)\n"
+    ) in markdown
+    assert (
+        "- 1 gate test(s): edge:experts-3x6x4: not run: narrowed for x: w [3, 6, 4] → one expert (`edge:experts-3x6x4`)"
+        in markdown
+    )
+    assert (
+        "- 1 gate test(s): needs --nproc 4 (`test_hand_picked_edge_case_matches_reference_bitwise[hsdp-2x2-uneven]`)"
+        in markdown
+    )
 
 
 def test_a_passing_report_draws_one_chart_of_every_comparison_not_one_per_gate() -> None:
