@@ -214,8 +214,7 @@ def _diff_grid(case: CaseResult) -> str:
     column per step, each cell the worst max|diff| over the ranks (green where every rank
     passed, else a red that darkens with log10 max|diff|, darkest where it is infinite or
     NaN), its figure in the cell's title."""
-    # under --against self the case was judged against the candidate on one device
-    judged = "self" if any(c.against == "self" for c in case.comparisons) else "reference"
+    judged = _judged_against(case)
     worst: dict[tuple[str, int], tuple[float, bool]] = {}
     for c in case.comparisons:
         if c.against != judged:
@@ -278,8 +277,9 @@ def _diff_grid(case: CaseResult) -> str:
 
 
 def _judged_against(case: CaseResult) -> str:
-    """What the case was judged against: ``self`` under ``--against self``, else the reference."""
-    return "self" if any(c.against == "self" for c in case.comparisons) else "reference"
+    """What the case's verdict rests on (``CaseResult.against``); in a stream from before it was
+    written, ``self`` where it compared with the candidate itself (``--against self``)."""
+    return case.against or ("self" if any(c.against == "self" for c in case.comparisons) else "reference")
 
 
 def _whole_shape(case: CaseResult, tensor: str) -> tuple[int, ...] | None:
