@@ -249,3 +249,59 @@ def test_a_strided_bf16_gradient_rounds_otherwise_which_is_why_the_full_copies_b
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert re.search(r"1\. torch \S+: full_tensor of \[21, 17\] Shard\(1\): equal True", run.stdout), run.stdout
     assert "2. bf16 mul_(0.95).add_(g, alpha=0.05), g contiguous against strided: bitwise False" in run.stdout
+
+
+def _deepspeed_0_18() -> str:
+    """Where DeepSpeed 0.18 imports from, for the 0.18 reproducers: the folder named by
+    ``MUONGATE_DEEPSPEED_0_18`` (``pip install --no-deps --target DIR deepspeed==0.18.9``), put
+    first on their ``PYTHONPATH``, else the installed DeepSpeed if it is a 0.18 release ("" then).
+    CI installs 0.19.8, where these findings are fixed, so they skip there."""
+    from importlib import metadata
+
+    folder = os.environ.get("MUONGATE_DEEPSPEED_0_18", "")
+    found = [d.version for d in metadata.distributions(name="deepspeed", path=[folder])] if folder else []
+    if not folder:
+        try:
+            found = [metadata.version("deepspeed")]
+        except metadata.PackageNotFoundError:
+            found = []
+    if not found or not found[0].startswith("0.18."):
+        where = f"{folder} holds {found or 'none'}" if folder else f"installed: {found or 'none'}"
+        pytest.skip(f"needs DeepSpeed 0.18 ({where}): MUONGATE_DEEPSPEED_0_18=DIR, a pip --target folder of 0.18.9")
+    return folder
+
+
+def _run_on_deepspeed_0_18(script: str) -> subprocess.CompletedProcess[str]:
+    """A 0.18 reproducer, which starts its own 2 ranks, with DeepSpeed 0.18 and torch, never muongate."""
+    env = {**os.environ, "PYTHONPATH": _deepspeed_0_18()}
+    return run_python(str(FINDINGS / script), env=env, timeout=300)
+
+
+def test_deepspeed_0_18_muon_steps_matrices_as_sgd_at_stage_0() -> None:
+    run = _run_on_deepspeed_0_18("deepspeed_0_18_muon_stage0_sgd.py")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    for who in ("engine", "MuonWithAuxAdam"):
+        assert f"  {who}: state [], p0 " in run.stdout, run.stdout
+    assert run.stdout.count("against plain SGD 0\n") == 2, run.stdout
+
+
+def test_deepspeed_0_18_muon_orthogonalizes_a_partly_reduced_gradient_with_reduce_scatter() -> None:
+    run = _run_on_deepspeed_0_18("deepspeed_0_18_muon_reduce_scatter.py")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    for stage in (1, 2):
+        on = re.search(
+            rf"stage {stage}, reduce_scatter True:(?:\n    .*)*?max\|diff\| momentum (\S+), p0 (\S+)", run.stdout
+        )
+        assert on is not None and float(on[1]) > 0 and float(on[2]) > 1e-3, run.stdout
+        off = re.search(
+            rf"stage {stage}, reduce_scatter False:(?:\n    .*)*?max\|diff\| momentum 0, p0 0\n", run.stdout
+        )
+        assert off is not None, run.stdout
+
+
+def test_deepspeed_0_18_muon_at_stage_3_steps_once_per_micro_batch() -> None:
+    run = _run_on_deepspeed_0_18("deepspeed_0_18_muon_stage3_accumulation.py")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert re.search(r"accumulation 1: .*max\|diff\| momentum 0, p0 0\n", run.stdout), run.stdout
+    for accumulation, moved in ((2, "0.027500"), (4, "0.055000")):
+        assert f"accumulation {accumulation}: " in run.stdout and f"(moved {moved}, expected 0.013750)" in run.stdout
