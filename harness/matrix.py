@@ -155,6 +155,15 @@ def row_of(spec: str, package: str, records: Sequence[object], note: str = "", k
         if g.failed_cases:
             crashed = any(f.finding in CRASHES for f in found)
             cells[g.gate] = Cell("crashes" if crashed else "fails", "; ".join(_finding(f) for f in found), *n)
+        elif g.cases == g.not_judged:
+            cells[g.gate] = Cell("not judged", "every case differed where no tier can judge it", *n)
+        elif g.within_causes:
+            unjudged = f"; {g.not_judged} not judged" if g.not_judged else ""
+            cells[g.gate] = Cell(
+                "within causes",
+                f"{g.within_causes} within its causes, ≤ {fmt(g.cause_reach)} of the tier{unjudged}",
+                *n,
+            )
         elif g.tolerance_passes:
             tiers = ", ".join(t for t in g.tiers if t != "bitwise")
             cells[g.gate] = Cell("tier", f"{tiers}, max|diff| {fmt(g.worst_abs_diff)}", *n)
@@ -176,11 +185,19 @@ def _with_itself(case: CaseResult) -> CaseResult:
 
 
 def _layout_cell(cases: list[CaseResult]) -> Cell:
-    """Every gate's cases of one layout family: fails if any failed, else bitwise or in a tier."""
-    failed = sum(not c.passed for c in cases)
+    """Every gate's cases of one layout family: fails if any failed, else within causes where any
+    was, bitwise or in a tier (cases not judged are counted, never as passes)."""
+    failed = sum(c.failed for c in cases)
     n = (len(cases), sum(bool(c.narrowed) for c in cases))
     if failed:
         return Cell("fails", f"{failed} of {len(cases)} cases failed", *n)
+    within = sum(c.status == "within causes" for c in cases)
+    unjudged = sum(c.status == "not judged" for c in cases)
+    if unjudged == len(cases):
+        return Cell("not judged", f"{unjudged} of {len(cases)} cases not judged", *n)
+    if within:
+        rest = f", {unjudged} not judged" if unjudged else ""
+        return Cell("within causes", f"{within} of {len(cases)} cases within its causes{rest}", *n)
     comparisons = [c for case in cases for c in case.comparisons]
     if all(c.bitwise for c in comparisons):
         return Cell("bitwise", f"{len(comparisons)}/{len(comparisons)}", *n)

@@ -55,6 +55,20 @@ def test_each_cell_says_what_its_gates_cases_did() -> None:
     )
 
 
+def test_a_cell_whose_cases_were_within_causes_or_not_judged_says_so_never_bitwise_nor_fails() -> None:
+    """A gate whose cases differed only within the adapter's causes is within causes, with how far
+    inside; one whose every case could not be judged is not judged; neither reads as bitwise, and
+    a case not judged never counts as a failure of its layout."""
+    differs = {"bitwise": False, "passed": False, "max_abs_diff": 1e-3}
+    within = dataclasses.replace(_case(1, "one_step", **differs), status="within causes", figures={"cause_reach": 0.3})
+    unjudged = dataclasses.replace(_case(2, "several_steps", **differs), status="not judged")
+    row = row_of("x:y", "x 1.0", [Header(torch="2.13.0+cpu", backend="gloo"), within, unjudged])
+    assert row.gates["one_step"].text() == "within causes (1): 1 within its causes, ≤ 0.3 of the tier"
+    assert row.gates["several_steps"].status == "not judged"
+    assert row.layouts["fsdp"].text() == "within causes (2): 1 of 2 cases within its causes, 1 not judged"
+    assert 'class="cell within"' in render_html(Matrix([row])) and 'class="cell judged"' in render_html(Matrix([row]))
+
+
 def test_kernels_get_a_table_of_their_own_under_its_title() -> None:
     header = Header(torch="2.13.0+cpu", backend="gloo")
     optimizer = row_of("x:muon", "x 1.0", [header, _case(1, "one_step")])
