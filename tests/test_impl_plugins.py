@@ -208,8 +208,10 @@ def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_
     assert (
         line.startswith("w.update step 0: ") and "(plain_quintic, nesterov True, float32, ns float32, square)" in line
     )
-    near = judge_causes(causes, case, pieces("w", 2 * tier), "cpu")
+    near = judge_causes(causes, case, pieces("w", 3 * tier), "cpu")
     assert len(near.past) == 1 and near.far == 0 and not near.within
+    (unsure,) = judge_causes(causes, case, pieces("w", 1.5 * tier), "cpu").unjudged
+    assert "1.5 × the causes' tier" in unsure and "within 2 × it" in unsure
     inside = judge_causes(causes, case, pieces("w", tier / 2), "cpu")
     assert len(inside.within) == 1 and 0.4 < inside.reach < 0.6 and not inside.past
     assert judge_causes(causes, case, pieces("w", 1.0, passed=True) + pieces("w.second_moment", 1.0), "cpu").past == ()
