@@ -305,3 +305,11 @@ def test_deepspeed_0_18_muon_at_stage_3_steps_once_per_micro_batch() -> None:
     assert re.search(r"accumulation 1: .*max\|diff\| momentum 0, p0 0\n", run.stdout), run.stdout
     for accumulation, moved in ((2, "0.027500"), (4, "0.055000")):
         assert f"accumulation {accumulation}: " in run.stdout and f"(moved {moved}, expected 0.013750)" in run.stdout
+
+
+def test_deepspeed_0_18_reads_an_adamw_state_as_the_float32_master_after_a_universal_load() -> None:
+    run = _run_on_deepspeed_0_18("deepspeed_0_18_universal_load_fp32_param.py")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.count("the model's p0: max|diff| 0 from the expected p0") == 4, run.stdout
+    masters = re.findall(r"max\|diff\| (\S+) from the expected p0; element by element its \[(.*)\]", run.stdout)
+    assert len(masters) == 4 and all(float(off) > 0.5 and "neither" not in which for off, which in masters), run.stdout
