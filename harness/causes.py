@@ -397,7 +397,13 @@ class CauseVerdict:
 
 
 def judge_causes(
-    causes: frozenset[str], case: Case, comparisons: Iterable[Comparison], device: str, *, calibrated: bool = True
+    causes: frozenset[str],
+    case: Case,
+    comparisons: Iterable[Comparison],
+    device: str,
+    *,
+    calibrated: bool = True,
+    against: str = "reference",
 ) -> CauseVerdict:
     """Judges each failing tensor of a failed case of a bitwise gate, of a candidate that declares
     ``causes`` (``CauseVerdict``), as the cause gate judges its own cases: the tier is ``MARGIN``
@@ -418,7 +424,9 @@ def judge_causes(
     tiers are measured on normal gradients; gathered_muon, correct, lay up to 4× its tier on
     ``real_backward`` and within 0.93 of it on about 1,000 drawn cases of the optimizer gates, CPU,
     2026-12-06); everything under a ``--kernel`` (the causes are emulated on the reference's
-    Newton–Schulz)."""
+    Newton–Schulz). Against the candidate itself on one device (``against="self"``) only a cause
+    that changes no value (``SIGN_ONLY``) can explain a difference: the others are the candidate's
+    own arithmetic on both sides."""
     if not causes or case.kernel is not None:
         return CauseVerdict()
     specs = {s.name: s for s in case.params}
@@ -427,9 +435,9 @@ def judge_causes(
     unexplained: set[str] = set()
     unjudged: set[str] = set()
     signs: set[str] = set()
-    muon = reference_of(case).orthogonalizes and bool(causes - SIGN_ONLY)
+    muon = against == "reference" and reference_of(case).orthogonalizes and bool(causes - SIGN_ONLY)
     for c in comparisons:
-        if c.against != "reference":
+        if c.against != against:
             continue
         name, key = _owner(c.tensor, specs)
         label = f"{name}.{key or 'update'} step {c.step}"

@@ -5,6 +5,7 @@ spec is a usage error."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -577,3 +578,6 @@ def test_signed_zeros_are_within_the_signed_zero_cause_and_any_value_that_differ
     (unexplained,) = judge_causes(signed, case, [zeros, value], "cpu").unexplained
     assert unexplained.startswith("w.exp_avg_sq step 1: max|diff| 1e-09")
     assert judge_causes(frozenset(), case, [zeros], "cpu").within == ()
+    # against the candidate itself on one device too: the shard and the whole tensor are other blocks
+    itself = dataclasses.replace(zeros, against="self")
+    assert len(judge_causes(signed, case, [itself], "cpu", against="self").within) == 1

@@ -224,7 +224,7 @@ class GateRunner:
             found, message = robust_finding(ran)
             kind, status = found or kind, status if found else "passed"
         figures: dict[str, float] = {}
-        if status == "failed" and self.impl is not None and _judged_case(ran.case) and ran.against == "reference":
+        if status == "failed" and self.impl is not None and _judged_case(ran.case) and _bitwise_failures(ran):
             status, kind, message, figures = self._by_causes(ran, kind, message or "", calibrated=calibrated)
         described = ran.case.describe()
         failed = status not in NOT_FAILED
@@ -258,7 +258,7 @@ class GateRunner:
         causes = self.impl.differences
         if not causes:
             return "failed", kind, message, {}
-        verdict = judge_causes(causes, case, ran.judged, self.device, calibrated=calibrated)
+        verdict = judge_causes(causes, case, ran.judged, self.device, calibrated=calibrated, against=ran.against)
         named = "+".join(sorted(causes))
         unjudged = [f"  not judged: {line}" for line in verdict.unjudged]
         if verdict.past or verdict.unexplained:
@@ -327,6 +327,13 @@ class GateRunner:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # hypothesis's pretty printer asks for this
         printer.text(repr(self))
+
+
+def _bitwise_failures(ran: Ran) -> bool:
+    """Whether what failed the case were bitwise comparisons, the ones a declared cause may
+    explain; a comparison that failed a tier of its own (the cause gate's) is that tier's verdict."""
+    failed = [c for c in ran.judged if not c.passed]
+    return bool(failed) and all(c.tier_kind == "bitwise" for c in failed)
 
 
 def _judged_case(case: Any) -> Case | None:
