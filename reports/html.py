@@ -43,7 +43,7 @@ from reports.summary import (
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:80em;padding:0 1em;color:#1b1b1b}
-table{border-collapse:collapse;margin:.5em 0 1em}th,td{border-bottom:1px solid #ddd;padding:.25em .6em;vertical-align:top}
+table{border-collapse:collapse;margin:.5em 0 1em;display:block;max-width:100%;overflow-x:auto}th,td{border-bottom:1px solid #ddd;padding:.25em .6em;vertical-align:top}
 thead th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 caption{text-align:left;color:#555;padding-bottom:.2em}th[scope=row]{text-align:left;font-weight:normal;white-space:nowrap}
 .fail{color:#b71c1c;font-weight:bold}.pass{color:#1b5e20}.skip{color:#8d6e00}
