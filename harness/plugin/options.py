@@ -85,9 +85,9 @@ def add_options(parser: pytest.Parser) -> None:
         "--against",
         choices=("reference", "self"),
         default="reference",
-        help="what the optimizer gates judge the candidate against: reference (reference.Muon, default) or "
-        "self (the same candidate on one device, so that sharding bugs show even where its arithmetic "
-        "differs from the reference by design; reference.Muon's verdict is still shown beside it).",
+        help="what the optimizer gates judge the candidate against: reference (the session's reference, default) "
+        "or self (the same candidate on one device, so that sharding bugs show even where its arithmetic "
+        "differs from the reference by design; the reference's verdict is still shown beside it).",
     )
     group.addoption(
         "--probe-undeclared",
