@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from gates.examples.gram_partial_muon import gram_partial_local_gram_muon, gram_partial_muon
 from gates.negative_controls import LAYOUT_CONTROLS
 from harness.cases import Case, ParamSpec, layout_cases, muon_settings
+from harness.layouts import EXPERTS, FSDP
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
@@ -52,7 +53,7 @@ def test_layout_gate_catches_negative_control(gate_runner: Any, control: str) ->
         lambda case: gate_runner.run(on(case)).message,
         lambda case: on(case).describe(),
     )
-    assert minimal.layout not in ("fsdp", "3-D"), f"{control} was caught on FSDP2 alone: {on(minimal).describe()}"
+    assert minimal.layout not in (FSDP, EXPERTS), f"{control} was caught on FSDP2 alone: {on(minimal).describe()}"
 
 
 @st.composite

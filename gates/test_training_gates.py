@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import reference
 from gates.adamw_controls import L2DecayAdamW
 from gates.negative_controls import OffByOneRowsMuon
+from harness.layouts import FSDP_TP
 from harness.models.transformer import TransformerCase
 from harness.session import gate_config
 from harness.tasks.training import TwinsCase
@@ -87,12 +88,13 @@ def test_training_twins_agree_bitwise_under_fsdp2_over_tensor_parallel(gate_runn
     """The twins on a ``(dp, tp)`` mesh of ``(2, 2)``: Q, K, V and the MLP's first matrix
     ``ColwiseParallel``, the attention output and the second matrix ``RowwiseParallel``,
     then FSDP2 on ``dp`` (``_StridedShard`` and ``(Shard(0), Shard(1))`` weights)."""
-    gate_runner.reference_only("training:twins:fsdp×tp")
+    gate = f"training:twins:{FSDP_TP}"
+    gate_runner.reference_only(gate)
     if gate_config().nproc < 4:
         pytest.skip("needs --nproc 4")
-    gate_runner.require("training:twins:fsdp×tp", {"fsdp_tp"}, "its claim is FSDP2 × TP training")
+    gate_runner.require(gate, {FSDP_TP.name}, "its claim is FSDP2 × TP training")
     case = TwinsCase(_on(CASES["dense"], 4), accumulate=2, tp=2)
-    gate_runner.check("training:twins:fsdp×tp", case, task="twins")
+    gate_runner.check(gate, case, task="twins")
 
 
 @pytest.mark.judges(
@@ -151,9 +153,10 @@ def test_the_models_training_twins_agree_bitwise(gate_runner: Any, gate_model: A
 def test_the_models_training_twins_agree_bitwise_under_fsdp2_over_tensor_parallel(
     gate_runner: Any, gate_model: Any
 ) -> None:
-    gate_runner.reference_only("training:model:twins:fsdp×tp")
-    case = _model(gate_model, "training:model:twins:fsdp×tp", 4)
+    gate = f"training:model:twins:{FSDP_TP}"
+    gate_runner.reference_only(gate)
+    case = _model(gate_model, gate, 4)
     if not case.tp_styles:
-        pytest.skip(f"training:model:twins:fsdp×tp: {case.spec} declares no muongate_tp_plan")
-    gate_runner.require("training:model:twins:fsdp×tp", {"fsdp_tp"}, "its claim is FSDP2 × TP training")
-    gate_runner.check("training:model:twins:fsdp×tp", TwinsCase(case, accumulate=2, tp=2), task="twins")
+        pytest.skip(f"{gate}: {case.spec} declares no muongate_tp_plan")
+    gate_runner.require(gate, {FSDP_TP.name}, "its claim is FSDP2 × TP training")
+    gate_runner.check(gate, TwinsCase(case, accumulate=2, tp=2), task="twins")

@@ -92,3 +92,66 @@ def test_reference_imports_only_torch_and_the_standard_library() -> None:
             for name in names:
                 top = name.split(".")[0]
                 assert top in {"torch", "reference", "__future__", "math", "collections", "typing"}, f"{module}: {name}"
+
+
+#: the modules but ``harness/layouts.py`` that may write a layout's name out, and why
+SPELLED_ELSEWHERE = {
+    "reports/summary.py": "reports imports nothing of harness: its LAYOUT_ORDER orders the titles records "
+    "carry, held equal to harness.layouts by test_reports_order_layouts_as_the_layout_module_lists_them",
+    "distributed_impl/muon.py": "ShardedMuon's declaration, in the words users write (it imports no harness)",
+}
+
+
+def _spelled(path: Path, names: set[str]) -> list[str]:
+    """The lines of ``path`` whose string literals (docstrings left out: they explain) hold one of ``names``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        if any(name in node.value for name in names)
+    ]
+
+
+def test_layout_names_are_spelled_only_in_the_layout_module() -> None:
+    from harness.layouts import LAYOUTS
+
+    # the names no other word contains (``tp`` or ``own`` alone would match everywhere)
+    names = {n for layout in LAYOUTS for n in (layout.name, layout.title) if "_" in n or "×" in n}
+    assert names == {"fsdp_tp", "hsdp_tp", "ep_efsdp", "fsdp×tp", "hsdp×tp", "ep×efsdp"}
+    spelled = [
+        line
+        for package in ("harness", "gates", "reports", "distributed_impl")
+        for path in sorted((REPO / package).rglob("*.py"))
+        if path != REPO / "harness" / "layouts.py"
+        for line in _spelled(path, names)
+        if str(path.relative_to(REPO)) not in SPELLED_ELSEWHERE
+    ]
+    assert not spelled, spelled
+
+
+def test_reports_order_layouts_as_the_layout_module_lists_them() -> None:
+    from harness.layouts import LAYOUTS
+    from reports.summary import LAYOUT_ORDER
+
+    assert tuple(layout.title for layout in LAYOUTS) == LAYOUT_ORDER
+
+
+def test_cases_import_nothing_of_the_candidates() -> None:
+    # a case is its data: how a candidate lays itself out is the runner's adaptation's to read
+    wrong = sorted(
+        f"{m} imports {dep}"
+        for m, deps in GRAPH.items()
+        if m.startswith("harness.cases")
+        for dep in deps
+        if dep.startswith("harness.candidates")
+    )
+    assert not wrong, wrong

@@ -31,8 +31,9 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     parameter a gradient on every step and every rank, each such narrowing reported; the gates
     whose claim is a missing gradient skip, naming it; ``--probe-undeclared`` tries them anyway.
 ``layouts``
-    the layouts beyond FSDP2's 1-D ``(Shard(0),)`` it takes: ``hsdp``, ``tp``, ``fsdp_tp``,
-    ``hsdp_tp``, ``ep_efsdp``; default none. Cases of others are narrowed to FSDP2 alone.
+    the layouts beyond FSDP2's 1-D ``(Shard(0),)`` it takes, by their names in
+    ``harness.layouts`` (``hsdp``, ``tp``, ``fsdp_tp``, ``hsdp_tp``, ``ep_efsdp``); default none. Cases of others are narrowed to FSDP2
+    alone.
 ``tiers``
     calibrated tiers its arithmetic differs within by design (``gram_partial``); it adds the
     tier's gate and excuses no bitwise gate.
@@ -82,10 +83,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from harness.layouts import DECLARABLE
+
 F = TypeVar("F")
 
 FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "fully_shard"})
-LAYOUTS = frozenset({"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"})
+#: by their one spelling in code (``harness.layouts``)
+LAYOUTS = DECLARABLE
 TIERS = frozenset({"gram_partial"})
 DEVICES = frozenset({"cpu", "cuda"})
 

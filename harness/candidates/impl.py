@@ -170,7 +170,7 @@ class Impl:
         if self.default_group and pool_world is not None and world != pool_world:
             notes.append(f"world {world} → {pool_world} (default_group: it talks to every rank)")
             world = pool_world
-        layout = self._layout(case)
+        layout = case.layout.name
         flat = layout not in self.layouts or world != case.world_size
         if case.mesh != (case.world_size,) and flat:
             notes.append(f"mesh {list(case.mesh)} → [{world}] ({layout} not in its declared layouts)")
@@ -206,12 +206,6 @@ class Impl:
             for key, value in case.settings
             if key in declared and stored_setting(key, value) != declared[key]
         ]
-
-    @staticmethod
-    def _layout(case: Case) -> str:
-        """The case's layout family by the name ``muongate_layouts`` uses for it."""
-        names = {"fsdp×tp": "fsdp_tp", "hsdp×tp": "hsdp_tp", "ep×efsdp": "ep_efsdp", "3-D": "fsdp", "own": "fsdp"}
-        return names.get(case.layout, case.layout)
 
     def missing(self, features: set[str]) -> list[str]:
         """Which of ``features``, layouts, tiers, devices, ``"world"`` (more than one rank) and

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    from harness.candidates.kernel import Kernel
+from harness import layouts
+from harness.layouts import Layout
 
 DType = Literal["float32", "bfloat16"]
 #: ``late``: no gradient on the first step, then one on every step (a layer unfrozen, an expert
@@ -114,6 +114,10 @@ class Case:
     #: expert-parallel ranks: with 2, ``mesh`` is ``(ep, efsdp)`` and each 3-D expert stack has
     #: its experts split over ``ep`` and its rows over ``efsdp`` (2-D matrices: HSDP on it)
     ep: int = 1
+    #: laid out by the candidate's own ``shard`` (on a 1-D mesh without TP or EP, its layout
+    #: is ``own``): set by the runner's adaptation, which reads the declaration; a case never
+    #: does. It follows from ``candidate``, so it neither tells cases apart nor needs describing
+    own: bool = field(default=False, compare=False)
     label: str = field(default="", compare=False)
     #: what ``Impl.adapt`` changed to fit the candidate's declarations, one note each
     narrowed: tuple[str, ...] = field(default=(), compare=False)
@@ -127,21 +131,10 @@ class Case:
         return optimizer_settings(self.settings)
 
     @property
-    def layout(self) -> str:
-        """The case's layout family: ``fsdp`` (1-D), ``3-D`` (expert stacks on 1-D), ``hsdp``,
-        ``tp``, ``fsdp×tp``, ``hsdp×tp`` (a 3-D mesh), ``ep×efsdp``, or ``own`` (a candidate's
-        own sharding on a 1-D mesh, its declared ``shard``)."""
-        from harness.candidates.declaration import declaration_of
-
-        if self.tp == self.ep == 1 and len(self.mesh) == 1 and declaration_of(self.candidate).shard is not None:
-            return "own"
-        if self.ep > 1:
-            return "ep×efsdp"
-        if self.tp > 1:
-            return "tp" if self.tp == self.world_size else "hsdp×tp" if len(self.mesh) == 3 else "fsdp×tp"
-        if len(self.mesh) > 1:
-            return "hsdp"
-        return "3-D" if any(len(p.shape) == 3 for p in self.params) else "fsdp"
+    def layout(self) -> Layout:
+        """The case's layout family (``harness.layouts``), from its own data alone."""
+        shapes = (p.shape for p in self.params)
+        return layouts.of(self.world_size, self.mesh, self.tp, self.ep, shapes, own=self.own)
 
     def with_world(self, world_size: int) -> Case:
         return replace(self, world_size=world_size, mesh=(world_size,))
@@ -214,11 +207,22 @@ class ReshardCase:
         return " · ".join([kept[0], f"{where(self.before)} → {where(self.after)} after step {self.at}", *kept[1:]])
 
 
+class KernelSpec(Protocol):
+    """What a kernel case holds of its kernel (``harness.candidates.Kernel``), named by what it
+    reads so that cases import nothing of the candidates."""
+
+    @property
+    def spec(self) -> str: ...
+
+    @property
+    def conventions(self) -> tuple[tuple[str, Any], ...]: ...
+
+
 @dataclass(frozen=True)
 class KernelCase:
     """One input for a Newton–Schulz kernel: its kind, shape, dtype and seed."""
 
-    kernel: Kernel
+    kernel: KernelSpec
     shape: tuple[int, ...]
     dtype: str = "bfloat16"
     input: KernelInput = "gaussian"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hypothesis import strategies as st
 
 from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec, ReshardCase, Style, stored_setting
+from harness.layouts import DRAWN, Layout
 
 if TYPE_CHECKING:
     from harness.algorithms import Algorithm
@@ -260,17 +261,13 @@ _STYLES: st.SearchStrategy[Style] = st.sampled_from(["colwise", "rowwise", "repl
 
 
 def _layouts(world: int) -> list[tuple[int, int, tuple[int, ...]]]:
-    """``(tp, ep, mesh)`` of every layout family on ``world`` ranks, FSDP2 on a 1-D mesh first,
-    then pure TP; on the pool's 2-D mesh ``(2, world // 2)``, FSDP2 × TP, HSDP and EP × EFSDP;
-    on its 3-D mesh ``(2, 2, world // 4)``, HSDP × TP (``harness.ranks.grid_shapes``)."""
-    options: list[tuple[int, int, tuple[int, ...]]] = [(1, 1, (world,))]
-    if world > 1:
-        options.append((world, 1, (world,)))
-    if world >= 4 and world % 2 == 0:
-        half = world // 2
-        options += [(half, 1, (2, half)), (1, 1, (2, half)), (1, 2, (2, half))]
-    if world >= 8 and world % 4 == 0:
-        options.append((world // 4, 1, (2, 2, world // 4)))
+    """``(tp, ep, mesh)`` of every layout family drawn on ``world`` ranks, in the order they
+    shrink through (``harness.layouts.DRAWN``): FSDP2 on a 1-D mesh first, then pure TP."""
+    options = []
+    for layout in DRAWN:
+        mesh = layout.mesh(world)
+        if mesh is not None:
+            options.append((*layout.degrees(world), mesh))
     return options
 
 
@@ -313,7 +310,7 @@ def layout_cases(
     settings_drawn = settings_of(algorithm)
 
     # the family first, then a world size it runs on: every family as often as the others
-    families: dict[str, list[tuple[int, int, int, tuple[int, ...]]]] = {}
+    families: dict[Layout, list[tuple[int, int, int, tuple[int, ...]]]] = {}
     for w in range(min_world, max_world + 1):
         options = _layouts(w)
         for tp, ep, mesh in options[1:] or options:  # FSDP2 alone only on one rank

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.candidates import Impl, Kernel, UnsupportedConvention
+from harness.candidates import Impl, Kernel, UnsupportedConvention, declaration_of
 from harness.cases import Case, ReshardCase
 from harness.tasks.training import TwinsCase
 
@@ -29,7 +29,7 @@ class Adaptation:
 
     def __call__(self, case: Any, task: str) -> Any:
         """The case as it runs for ``task``."""
-        case = self._resolve(case)
+        case = _own(self._resolve(case))
         if self.against == "self" and task in SELF_JUDGED and isinstance(case, Case):
             case = replace(case, self_reference=True)
         return case
@@ -66,3 +66,14 @@ class Adaptation:
         if narrowed:
             pytest.skip(f"reshard: not run: narrowed for {self.impl.spec}: {'; '.join(narrowed)}")
         return replace(case, before=sides[0], after=sides[1])
+
+
+def _own(case: Any) -> Any:
+    """``case`` (a resharding case: both sides) marked ``own`` where its candidate declares a
+    ``shard`` of its own: the one place a case learns how its candidate lays itself out, so
+    that the case's layout (``harness.layouts.of``) is its data alone."""
+    if isinstance(case, ReshardCase):
+        return replace(case, before=_own(case.before), after=_own(case.after))
+    if isinstance(case, Case) and not case.own and declaration_of(case.candidate).shard is not None:
+        return replace(case, own=True)
+    return case

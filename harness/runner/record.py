@@ -47,7 +47,7 @@ class Recorder:
         self._cases += 1
         record = CaseResult(
             self._cases, gate, described, status, message, round(seconds, 4), reproduce, judged=judged,
-            narrowed=tuple(getattr(case, "narrowed", ())), layout=getattr(case, "layout", ""), **kw,
+            narrowed=tuple(getattr(case, "narrowed", ())), layout=str(getattr(case, "layout", "")), **kw,
         )  # fmt: skip
         self.write(record)
         self.figures.setdefault(nodeid, {}).setdefault(gate, GateSummary(gate)).add(record)

@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from harness.algorithms import reference_of
 from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
+from harness.layouts import Layout, fully_sharded
 from harness.ranks import RankContext
 from reports.records import Comparison
 
@@ -41,17 +42,13 @@ def candidate_keywords(held: Any) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k != "use_muon"}
 
 
-#: a mesh's dim names by layout family (``harness.cases.Case.layout``); others: ``shard``
-#: on one dim, ``(replicate, shard)`` on two
-MESH_NAMES = {"tp": ("tp",), "fsdp×tp": ("dp", "tp"), "hsdp×tp": ("rep", "dp", "tp"), "ep×efsdp": ("ep", "efsdp")}
-
-
-def mesh_for(ctx: RankContext, mesh: tuple[int, ...], *, layout: str = "fsdp") -> DeviceMesh:
+def mesh_for(ctx: RankContext, mesh: tuple[int, ...], *, layout: Layout | None = None) -> DeviceMesh:
     """A mesh over the pool's groups made for it at start-up (no group is made here), its
-    dims named for the case's layout family (``MESH_NAMES``). A 1-D mesh of fewer ranks than
-    the case's spans ranks ``0 .. n-1``."""
+    dims named as the case's layout family names them (``Layout.dims``; ``None``: FSDP2's
+    own, ``fully_shard`` on 1-D, HSDP on 2-D). A 1-D mesh of fewer ranks than the case's
+    spans ranks ``0 .. n-1``."""
     device_type = torch.device(ctx.device).type
-    names = MESH_NAMES.get(layout, ("shard",) if len(mesh) == 1 else ("replicate", "shard"))
+    names = (layout or fully_sharded(len(mesh))).dims
     if len(mesh) == 1:
         group = ctx.group if mesh[0] == ctx.world_size else ctx.world_groups[mesh[0]]
         return DeviceMesh.from_group(group, device_type, mesh_dim_names=names)

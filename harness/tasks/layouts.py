@@ -13,6 +13,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from harness.candidates.declaration import declaration_of
 from harness.cases.case import Case
+from harness.layouts import OWN, fully_sharded
 from harness.tasks.common import read_own_sharding
 
 
@@ -50,34 +51,50 @@ def zeros_of(case: Case, device: str | torch.device) -> list[Tensor]:
 def build_model(
     case: Case, tensors: list[Tensor], mesh: DeviceMesh | None, *, parallel: bool = True, linears: bool = False
 ) -> nn.Module:
-    """The case's parameters in a module laid out as users lay them out: ``fully_shard`` on
-    ``mesh`` (``None``: left plain); with ``case.tp > 1`` (and ``parallel``), ``parallelize_module``
-    on the ``tp`` dim by each matrix's style, then ``fully_shard`` on ``dp`` (or HSDP on
-    ``(rep, dp)``) where there is one;
-    with ``case.ep > 1`` (and ``parallel``), expert parallelism (``expert_parallel``).
+    """The case's parameters in a module laid out as users lay them out, by the builder of its
+    layout family (``harness.layouts``): ``fully_shard`` on ``mesh`` (``None``: left plain);
+    with ``case.tp > 1``, ``parallelize_module`` on the ``tp`` dim by each matrix's style, then
+    ``fully_shard`` on ``dp`` (or HSDP on ``(rep, dp)``) where there is one; with
+    ``case.ep > 1``, expert parallelism. Without ``parallel``, FSDP2 alone on ``mesh``. A
+    candidate that declares a ``shard`` of its own lays itself out on any mesh.
     ``linears``: matrices as ``nn.Linear`` weights in every layout, so that their names
     (``w0.weight``) are the same on every layout (what a checkpoint resharded across them needs)."""
     named = {s.name: t for s, t in zip(case.params, tensors, strict=True)}
+    if mesh is None:
+        return CaseModule(named, linears=linears)
+    # the rank runs the candidate's own builder wherever it has one, as it always has: the
+    # case's ``own`` (set by the runner's adaptation) names the family in records only
+    if declaration_of(case.candidate).shard is not None:
+        layout = OWN
+    elif parallel:
+        layout = case.layout
+    else:
+        layout = fully_sharded(mesh.ndim)
+    return layout.build()(case, named, mesh, linears=linears)  # type: ignore[no-any-return]
+
+
+def data_parallel(case: Case, named: dict[str, Tensor], mesh: DeviceMesh, *, linears: bool = False) -> nn.Module:
+    """FSDP2's own layouts: ``fully_shard`` on a 1-D mesh, HSDP on ``(replicate, shard)``."""
+    model = CaseModule(named, linears=linears)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def own_sharding(case: Case, named: dict[str, Tensor], mesh: DeviceMesh, *, linears: bool = False) -> nn.Module:
+    """The candidate's own declared ``shard`` on ``mesh``, then each plain piece read by its ``piece``."""
+    model = CaseModule(named, linears=linears)
     own = declaration_of(case.candidate).shard
-    if mesh is not None and own is not None:
-        model = CaseModule(named, linears=linears)
-        own(model, mesh)
-        read_own_sharding(((n, model.param(n), t.shape) for n, t in named.items()), case.candidate, mesh.get_rank())
-        return model
-    if mesh is not None and case.ep > 1 and parallel:
-        return expert_parallel(named, mesh)
-    if mesh is None or case.tp == 1 or not parallel:
-        model = CaseModule(named, linears=linears)
-        if mesh is not None:
-            fully_shard(model, mesh=mesh)
-        return model
-    return tensor_parallel(case, named, mesh)
+    assert own is not None, f"{case.candidate} declares no shard of its own"
+    own(model, mesh)
+    read_own_sharding(((n, model.param(n), t.shape) for n, t in named.items()), case.candidate, mesh.get_rank())
+    return model
 
 
-def tensor_parallel(case: Case, named: dict[str, Tensor], mesh: DeviceMesh) -> nn.Module:
+def tensor_parallel(case: Case, named: dict[str, Tensor], mesh: DeviceMesh, *, linears: bool = True) -> nn.Module:
     """Each matrix an ``nn.Linear``, ``parallelize_module`` on ``tp`` by its style (the others
     replicated, as ``parallelize_module`` leaves what it does not shard), then ``fully_shard``
-    on ``dp`` (or HSDP on ``(rep, dp)``) where the mesh has more dims."""
+    on ``dp`` (or HSDP on ``(rep, dp)``) where the mesh has more dims. Matrices are always
+    ``nn.Linear`` weights here (``linears`` changes nothing)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     model = CaseModule(named, linears=True)
@@ -96,10 +113,11 @@ def tensor_parallel(case: Case, named: dict[str, Tensor], mesh: DeviceMesh) -> n
     return model
 
 
-def expert_parallel(named: dict[str, Tensor], mesh: DeviceMesh) -> nn.Module:
+def expert_parallel(case: Case, named: dict[str, Tensor], mesh: DeviceMesh, *, linears: bool = False) -> nn.Module:
     """Expert parallelism on ``(ep, efsdp)``: each 3-D stack's experts split over ``ep`` and its
     rows over ``efsdp`` (``distribute_tensor``, as an expert-parallel plan leaves them);
-    every other parameter HSDP-like, replicated over ``ep`` and sharded over ``efsdp``."""
+    every other parameter HSDP-like, replicated over ``ep`` and sharded over ``efsdp``
+    (parameters of their own: ``linears`` changes nothing)."""
     model = CaseModule(named)
     for name, t in named.items():
         placements = [Shard(0), Shard(1)] if t.ndim == 3 else [Replicate(), Shard(0)]

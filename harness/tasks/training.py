@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from harness.algorithms import reference_of
 from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
+from harness.layouts import FSDP, FSDP_TP, Layout
 from harness.ranks import RankContext
 from harness.tasks.common import (
     candidate_keywords,
@@ -192,8 +193,8 @@ class TwinsCase:
             raise ValueError(f"tp={self.tp} on {self.world_size} ranks: FSDP2 × TP twins run on a (2, tp) mesh")
 
     @property
-    def layout(self) -> str:
-        return "fsdp×tp" if self.tp > 1 else "fsdp"
+    def layout(self) -> Layout:
+        return FSDP_TP if self.tp > 1 else FSDP
 
     @property
     def world_size(self) -> int:
@@ -224,7 +225,7 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
     model = spec.build().to(device)
     twin = copy.deepcopy(model)
     if case.tp > 1:
-        mesh = mesh_for(ctx, (2, case.tp), layout="fsdp×tp")
+        mesh = mesh_for(ctx, (2, case.tp), layout=FSDP_TP)
         for m in (model, twin):
             parallelize_module(m, mesh["tp"], spec.tp_plan())
             spec.shard(m, mesh["dp"])
