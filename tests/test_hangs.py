@@ -69,7 +69,7 @@ def test_ranks_that_stay_inside_completing_collectives_past_the_deadline_are_not
 
 
 def test_a_rank_that_waits_forever_after_progressing_is_a_hang_soon_after_the_deadline(pool: RankPool) -> None:
-    """No progress for half the deadline (here shorter than ``QUIET_S``) after the last: a
+    """No progress for ``MIN_QUIET_S`` (here longer than half the deadline) after the last: a
     hang, naming where the waiting rank waits."""
     outcome = pool.run(progress_then_sleep, 0.5, timeout_s=2)
     assert outcome.failure is not None and outcome.failure.kind == "hang", outcome.failure

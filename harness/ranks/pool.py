@@ -36,7 +36,7 @@ are not called hung; a rank that is merely slow (compiling, computing, deschedul
 busy machine) is not in a collective or is runnable, and is never called a hang either. The
 case's wall-clock deadline is when a case that shows no progress becomes a hang, not when a
 case must have finished: past it, the case is a hang once no rank of it has progressed for
-``QUIET_S`` (or half its deadline, if shorter), where progress is a rank that returned, a
+``QUIET_S`` (or half its deadline, if shorter, but never under ``MIN_QUIET_S``), where progress is a rank that returned, a
 main-thread stack that changed, a byte moved or a tenth of a second of CPU used in all since
 the last progress (``harness.ranks.watch.Quiet``). A case whose ranks
 still progress, inside collectives or outside them (four ranks of a correct tensor-parallel
@@ -139,6 +139,10 @@ SLOW_CAP = 4.0
 #: a look's gap, and small beside a case's usual 120 s deadline: a case that stops progressing
 #: near its deadline is named at most this much later than it was before.
 QUIET_S = 10.0
+#: the shortest quiet window, whatever the deadline: a rank computing through a 1 s deadline, on
+#: the 2-core machine with three xdist workers' ranks beside it, showed less than 0.1 s of CPU in
+#: a 0.5 s window and was called hung (2026-12-06); over 2 s it needs 5 % of a core to show
+MIN_QUIET_S = 2.0
 
 #: How long, after a rank raised under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the pool waits for
 #: peers that still progress to raise their own error, before it stops the case with their stacks.
@@ -443,8 +447,9 @@ class RankPool:
         pending = set(range(world))
         failure: RankFailure | None = None
         deadline, cap = start + timeout, start + SLOW_CAP * timeout
-        # Past the deadline, how long the ranks may show no progress at all before the case is a hang.
-        quiet_s = min(QUIET_S, timeout / 2)
+        # Past the deadline, how long the ranks may show no progress at all before the case is a hang:
+        # never under MIN_QUIET_S, the time a descheduled rank needs on a crowded machine to show it.
+        quiet_s = min(QUIET_S, max(timeout / 2, MIN_QUIET_S))
         # Under TORCH_DISTRIBUTED_DEBUG=DETAIL the library names a mismatch itself within a
         # fraction of a second: give it a second before calling the ranks stuck.
         detail = self._env.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
