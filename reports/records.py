@@ -52,8 +52,10 @@ TierKind = Literal["bitwise", "tolerance", "oracle", "edge"]
 #: ``collective mismatch``: ranks disagreed about a collective and were caught at it;
 #: ``abort``: a rank was killed by a signal; ``error``: a rank raised.
 Status = Literal["passed", "within causes", "not judged", "failed", "hang", "collective mismatch", "abort", "error"]
-#: the statuses that are no failure: green (``passed``, ``within causes``) or unjudged
-NOT_FAILED: frozenset[str] = frozenset({"passed", "within causes", "not judged"})
+#: the statuses that are green: bitwise or in a tier, or within the candidate's declared causes
+GREEN: frozenset[str] = frozenset({"passed", "within causes"})
+#: the statuses that are no failure: green, or unjudged
+NOT_FAILED: frozenset[str] = GREEN | {"not judged"}
 
 R = TypeVar("R", bound="Record")
 
@@ -279,7 +281,7 @@ class CaseResult(Record):
     @property
     def passed(self) -> bool:
         """Green: bitwise or in its tier, or within the candidate's declared causes."""
-        return self.status in ("passed", "within causes")
+        return self.status in GREEN
 
     @property
     def failed(self) -> bool:

@@ -29,7 +29,7 @@ from harness.runner.policy import TASKS_OF_MODELS, SkipPolicy
 from harness.runner.ran import Ran, RankCase, robust_finding
 from harness.runner.record import Recorder
 from harness.tasks.training import TrainingSpec
-from reports.records import BEYOND_CAUSES, CAUSE_REACH, NOT_FAILED, Comparison, Header, Record, Spectrum, Status
+from reports.records import BEYOND_CAUSES, CAUSE_REACH, GREEN, NOT_FAILED, Comparison, Header, Record, Spectrum, Status
 from reports.stream import ResultStream
 from reports.summary import GateSummary
 
@@ -289,7 +289,7 @@ class GateRunner:
     ) -> None:  # fmt: skip
         self.recorder.case(
             self.nodeid, gate, described or (case.describe() if case is not None else ""), status, message, seconds,
-            reproduce=self.reproduce_command() if status not in ("passed", "within causes") else "", judged=self._judged(case),
+            reproduce=self.reproduce_command() if status not in GREEN else "", judged=self._judged(case),
             case=case, **kw,
         )  # fmt: skip
 
