@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from harness.outcomes import classify
 from harness.ranks import RankContext, RankPool
+from harness.ranks.pool import _Stall
 from harness.ranks.stacks import main_thread_frames
 
 
@@ -106,3 +107,35 @@ def test_an_abort_leads_with_the_librarys_reason_not_pythons_list_of_extension_m
     assert reason in classify(outcome, []).detail
     assert reason in failure.describe().splitlines()[0]
     assert "Extension modules" not in failure.message
+
+
+def _dump(caller: str, line: int) -> str:
+    """A rank's main-thread stack, as its reader answers, waiting in FSDP2's all-gather of the
+    module that ``caller``'s ``line`` runs."""
+    frames = [
+        ("torch/distributed/distributed_c10d.py", 4330, "all_gather_single"),
+        ("torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", 119, "__call__"),
+        ("torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", 410, "unshard"),
+        ("torch/distributed/fsdp/_fully_shard/_fsdp_state.py", 250, "_pre_forward"),
+        ("torch/nn/modules/module.py", 1800, "_call_impl"),
+        (f"harness/models/{caller}", line, "forward"),
+        ("harness/ranks/pool.py", 220, "_worker_main"),
+    ]
+    rows = "".join(f'  File "/site-packages/{f}", line {n} in {fn}\n' for f, n, fn in frames)
+    return "Current thread 0x00007f0000000001 (most recent call first):\n" + rows
+
+
+def test_ranks_at_different_call_sites_are_not_stuck_until_none_progressed_for_the_stall_time() -> None:
+    """A correct FSDP2 training case was once called hung in two looks a tenth of a second
+    apart: rank 1 had read rank 0's bytes and gone on to the next module's all-gather while rank
+    0, descheduled on 2 busy cores, had not yet read rank 1's. Different call sites are no proof
+    of a deadlock; no progress for the stall time is."""
+    stall = _Stall(stall_s=1.0)
+    dumps = {0: _dump("corpus.py", 47), 1: _dump("transformer.py", 157)}
+    assert stall.observe(dumps, moved=None, now=10.0) is None
+    assert stall.observe(dumps, moved=False, now=10.1) is None
+    assert stall.observe(dumps, moved=False, now=10.9) is None
+    assert stall.observe(dumps, moved=True, now=11.2) is None, "a byte moved: the clock starts again"
+    stuck = stall.observe(dumps, moved=False, now=12.2)
+    assert stuck is not None and stuck[0] != stuck[1]
+    assert stuck[1] == "all_gather_single in _pre_forward, called from transformer.py:157 in forward"

@@ -159,7 +159,7 @@ def test_ranks_busy_on_their_subgroup_are_not_a_hang_while_others_wait_on_anothe
         crossed = grid.run(tasks.subgroups_cross)
         assert crossed.failure is not None and crossed.failure.status == "hang", crossed
         assert "no rank can complete its collective" in crossed.failure.message
-        assert time.monotonic() - start < 3, "a real deadlock is still named in seconds"
+        assert time.monotonic() - start < grid.stall_s + 3, "a real deadlock is still named in seconds"
 
 
 def test_the_forkserver_forks_ranks_with_no_thread_but_those_of_importing_torch(pool):

@@ -27,10 +27,10 @@ from a thread in each rank that never interrupts it, and their progress (bytes m
 time, runnable threads) from ``/proc`` (``harness.ranks.watch``). A rank whose innermost frames inside torch include a blocking
 ``torch.distributed`` call is in a collective (``harness.ranks.stacks``). When every
 pending rank sits in a collective, with the same stack, and none of them progressed since
-the last look, the case is stuck: at once (two looks in a row) when the
-ranks wait at different call sites, after ``stall_s`` at one call site, or after
-``grace_s`` once some rank of the case has returned (its peers then wait for a rank that
-will never come); the verdict names each rank's collective. Ranks that loop over
+the last look for ``stall_s`` (a second, more where ranks outnumber cores), the case is
+stuck, whether the ranks wait at one call site, at different ones, or beside a rank that
+has returned (``_Stall`` says why each needs the time); the verdict names each rank's
+collective. Ranks that loop over
 collectives of their own sub-group move bytes, so the ranks waiting for them on another group
 are not called hung; a rank that is merely slow (compiling, computing, descheduled on a
 busy machine) is not in a collective or is runnable, and is never called a hang either. The
@@ -156,14 +156,20 @@ _BUSY = "its stack reader did not answer in 0.2 s: its main thread holds the GIL
 class _Stall:
     """How long every pending rank has sat in a collective with the same stack, none progressing.
 
-    Ranks waiting at different call sites cannot all be in one collective: two looks in a
-    row that show the same stacks and no progress are enough. Ranks at the same call site
-    may be in one slow collective: they must sit there ``stall_s``, or ``grace_s`` once a
-    rank has returned. ``moved`` (``harness.ranks.watch.Progress``) is whether any pending
-    rank progressed since the last look; ``None`` where that cannot be known."""
+    The case is stuck once that has lasted ``stall_s``, wherever the ranks wait. Ranks at
+    different call sites, or beside a rank that has returned, are no proof of a deadlock: a
+    collective completes on each rank when that rank has read its peers' bytes, so a rank that
+    has read them goes on to its next collective (or returns) while a peer, descheduled on a
+    busy machine, has yet to read its own. The stack says the same until that peer runs, and
+    its transport thread, runnable meanwhile, is not counted (``harness.ranks.watch``). Two
+    looks in a row once sufficed at different call sites: a correct FSDP2 training case was
+    called hung that way, rank 0 in an all-gather of one module's forward and rank 1 in the
+    next module's, during a full run of the suite on 2 cores. ``moved``
+    (``harness.ranks.watch.Progress``) is whether any pending rank progressed since the last
+    look; ``None`` where that cannot be known."""
 
-    def __init__(self, stall_s: float, grace_s: float, confirm_s: float = 0.0) -> None:
-        self.stall_s, self.grace_s, self.confirm_s = stall_s, grace_s, confirm_s
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
         self._since: float | None = None
         self._frames: dict[int, list[Frame]] = {}
 
@@ -172,17 +178,18 @@ class _Stall:
         """Whether the last look found every pending rank in a collective."""
         return self._since is not None
 
-    def observe(self, dumps: dict[int, str], *, returned: bool, moved: bool | None = None) -> dict[int, str] | None:
+    def observe(
+        self, dumps: dict[int, str], *, moved: bool | None = None, now: float | None = None
+    ) -> dict[int, str] | None:
         """Each pending rank's collective once the case counts as stuck, else ``None``."""
         frames = {r: main_thread_frames(text) for r, text in dumps.items()}
         where = {r: c for r, f in frames.items() if (c := collective(f))}
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if len(where) < len(dumps) or frames != self._frames or moved:
             self._since, self._frames = (now if len(where) == len(dumps) else None), frames
             return None
         assert self._since is not None
-        needed = self.grace_s if returned else self.confirm_s if len(set(where.values())) > 1 else self.stall_s
-        return where if now - self._since >= needed else None
+        return where if now - self._since >= self.stall_s else None
 
 
 def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> None:
@@ -262,7 +269,6 @@ class RankPool:
         startup_timeout_s: float = 120.0,
         sample_after_s: float = 0.1,
         stall_s: float | None = None,
-        grace_s: float = 0.3,
         threads: int | None = None,
     ) -> None:
         if nproc < 1:
@@ -278,7 +284,7 @@ class RankPool:
         self.startup_timeout_s = startup_timeout_s
         # More ranks than cores: a descheduled rank can keep a healthy collective waiting longer.
         crowded = max(1.0, nproc / usable_cores())
-        self.sample_after_s, self.grace_s = sample_after_s, grace_s
+        self.sample_after_s = sample_after_s
         self.stall_s = stall_s if stall_s is not None else 1.0 * crowded
         self.spawns = 0
         #: each CPU rank's thread count, shared with every pool on the host
@@ -451,9 +457,9 @@ class RankPool:
         # never under MIN_QUIET_S, the time a descheduled rank needs on a crowded machine to show it.
         quiet_s = min(QUIET_S, max(timeout / 2, MIN_QUIET_S))
         # Under TORCH_DISTRIBUTED_DEBUG=DETAIL the library names a mismatch itself within a
-        # fraction of a second: give it a second before calling the ranks stuck.
+        # fraction of a second, on each rank: a raised error waits for its peers' (below).
         detail = self._env.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
-        stall = _Stall(self.stall_s, self.grace_s, confirm_s=1.0 if detail else 0.0)
+        stall = _Stall(self.stall_s)
         # CPU use tells a progressing gloo rank from a waiting one; a CUDA rank's CPU may spin
         # in a wait for the GPU, so there the stacks alone decide.
         progress = None if self.devices[0].startswith("cuda") else Progress()
@@ -493,7 +499,7 @@ class RankPool:
                         next_sample = now + self.sample_after_s
                         continue
                     return results, replace(failure, stacks={**failure.stacks, **dumps})
-                stuck = stall.observe(dumps, returned=len(pending) < world, moved=moved)
+                stuck = stall.observe(dumps, moved=moved)
                 if stuck is not None:
                     return results, self._stalled(pending, world, stuck, dumps)
                 if now >= deadline and now - progressed >= quiet_s:
@@ -522,7 +528,7 @@ class RankPool:
                     else:  # a peer's own error often says what the first one could not
                         failure = replace(failure, stacks={**failure.stacks, rank: value})
                     # Peers may now wait in a collective this rank will never enter: look soon.
-                    next_sample = min(next_sample, time.monotonic() + self.grace_s)
+                    next_sample = min(next_sample, time.monotonic() + self.sample_after_s)
                 else:
                     self._procs[rank].join(timeout=1)
                     pending.discard(rank)
@@ -534,12 +540,13 @@ class RankPool:
     def _stalled(self, pending: set[int], world: int, where: dict[int, str], dumps: dict[int, str]) -> RankFailure:
         waiting = "; ".join(f"rank {r} waits in {where[r]}" for r in sorted(where))
         done = sorted(set(range(world)) - pending)
+        still = f"none progressed for {self.stall_s:g} s"
         if done:
-            why = f"{waiting}, while rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} finished the case"
+            why = f"{waiting}, while rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} finished the case; {still}"
         elif len(set(where.values())) > 1:
-            why = f"{waiting}: no rank can complete its collective"
+            why = f"{waiting}: no rank can complete its collective; {still}"
         else:
-            why = f"{waiting}, without progress for {self.stall_s:g} s"
+            why = f"{waiting}; {still}"
         return RankFailure("hang", min(pending), why, stacks=dumps, collectives=where)
 
     def _hang(self, pending: set[int], stacks: dict[int, str], *, quiet_s: float | None = None) -> RankFailure:
