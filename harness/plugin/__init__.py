@@ -80,6 +80,8 @@ _DEVICES = pytest.StashKey[tuple[str, list[str]]]()
 _HEADER_SHOWN = pytest.StashKey[bool]()
 _CLEARED = pytest.StashKey[list[str]]()
 _UNJUDGED = pytest.StashKey[str]()
+#: the run's summary, read from its streams once, at the session's end
+_SUMMARY = pytest.StashKey[Any]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -674,7 +676,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from reports.stream import read_streams
     from reports.summary import summarize, unjudged_reason
 
-    summary = summarize(read_streams(streams))
+    summary = config.stash[_SUMMARY] = summarize(read_streams(streams))
     named = config.getoption("impl") or config.getoption("engine")
     why = unjudged_reason(summary) if named else ""
     if why:
@@ -705,8 +707,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     from reports.summary import summarize
     from reports.terminal import render
 
-    records = read_streams(streams)
-    summary = summarize(records)
+    # Read once, in pytest_sessionfinish, which runs first: the streams can hold thousands of records.
+    summary = config.stash.get(_SUMMARY, None) or summarize(read_streams(streams))
     console = Console(  # no emoji: "examples.hf_llama:llama" is a spec, not ":llama:"
         file=terminalreporter._tw._file,
         width=terminalreporter._tw.fullwidth if terminalreporter._tw._file.isatty() else 140,  # a log: lines whole
