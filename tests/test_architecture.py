@@ -155,3 +155,38 @@ def test_cases_import_nothing_of_the_candidates() -> None:
         if dep.startswith("harness.candidates")
     )
     assert not wrong, wrong
+
+
+#: the rooms inside ``harness`` that must not reach into others, and why
+WALLS = {
+    "harness.ranks": (
+        {"harness"},
+        "the pool runs any task it is given by reference and knows none by name: it imports nothing else of harness",
+    ),
+    "harness.cases": (
+        {"harness.candidates", "harness.runner", "harness.tasks", "harness.plugin", "harness.session"},
+        "a case is its data: it knows no candidate, no runner and no session",
+    ),
+    "harness.layouts": (
+        {"harness"},
+        "a layout is a mesh and its builder, read by cases, tasks and runner alike",
+    ),
+    "harness.compare": ({"harness"}, "comparing two tensors knows no case, candidate or rank"),
+    "harness.algorithms": (
+        {"harness.cases", "harness.runner", "harness.tasks", "harness.plugin", "harness.session"},
+        "what a reference declares is read from the reference alone",
+    ),
+}
+
+
+@pytest.mark.parametrize("room", sorted(WALLS))
+def test_rooms_inside_harness_do_not_reach_past_their_walls(room: str) -> None:
+    walled, why = WALLS[room]
+    wrong = sorted(
+        f"{m} imports {dep}"
+        for m, deps in GRAPH.items()
+        if m == room or m.startswith(room + ".")
+        for dep in deps
+        if not (dep == room or dep.startswith(room + ".")) and any(dep == w or dep.startswith(w + ".") for w in walled)
+    )
+    assert not wrong, f"{room}: {why}; {wrong}"
