@@ -20,11 +20,20 @@ as class attributes, what the gates need to know about its algorithm:
 ``ELEMENTWISE`` (optional, default ``False``)
     ``True`` where every element's step reads that element alone (AdamW): a piece of a
     parameter steps on its own, and scenarios whose meaning needs the whole tensor skip.
+``CLAIMS`` (optional, default none)
+    the gates' claims that hold for this family alone, by name: ``newton_schulz`` (its update
+    is Newton–Schulz's: the gates draw the gathered and owner-split modes and judge declared
+    causes of difference), ``hybrid_groups``, ``bf16_norm_ties``, ``oracle_spectrum``,
+    ``tier:causes``. A subclass inherits its parent's; a new family declares its own.
+``ENGINE_NAME`` (optional, default none)
+    the optimizer's name in the engine contract (``harness.engines``): an engine case that
+    asks for ``muon`` is judged against the registered family that declares that name.
+
+The families muongate brings are registered once, in ``FAMILIES``.
 
 The gates whose claim holds for any algorithm (one step, several steps, checkpoints,
-resharding, world sizes, robustness, layouts, ``--against self``) draw from these; the
-claims of one algorithm (Newton–Schulz norm ties, the spectrum oracle, the kernel, Gram and
-cause tiers) skip for the others, naming why (``GateRunner.algorithm_claim``).
+resharding, world sizes, robustness, layouts, ``--against self``) draw from these; a gate
+whose claim the reference does not declare skips, naming why (``GateRunner.algorithm_claim``).
 """
 
 from __future__ import annotations
@@ -55,6 +64,10 @@ class Algorithm:
     state: tuple[str, ...] | None = ()
     #: every element's step reads that element alone (``ELEMENTWISE``)
     elementwise: bool = False
+    #: the gates' claims of this family alone (``CLAIMS``)
+    claims: frozenset[str] = frozenset()
+    #: its name in the engine contract (``ENGINE_NAME``)
+    engine_name: str | None = None
 
     @property
     def name(self) -> str:
@@ -73,10 +86,8 @@ class Algorithm:
 
     @property
     def orthogonalizes(self) -> bool:
-        """Whether it is Muon (``reference.Muon`` or a subclass): the Newton–Schulz claims are about it."""
-        import reference
-
-        return isinstance(self.factory, type) and issubclass(self.factory, reference.Muon)
+        """Whether its update is Newton–Schulz's (it declares the ``newton_schulz`` claim)."""
+        return "newton_schulz" in self.claims
 
     @property
     def in_case(self) -> Any:
@@ -110,7 +121,8 @@ class Algorithm:
             raise ValueError(f"--reference {spec}: PARAM_NDIMS {ndims} must be some of 0, 1, 2, 3")
         return cls(
             spec, factory, defaults, dict(factory.SPACE), dict(factory.CONVENTIONS), ndims, tuple(factory.STATE),
-            bool(getattr(factory, "ELEMENTWISE", False)),
+            bool(getattr(factory, "ELEMENTWISE", False)), frozenset(getattr(factory, "CLAIMS", ())),
+            getattr(factory, "ENGINE_NAME", None),
         )  # fmt: skip
 
     @classmethod
@@ -159,6 +171,24 @@ def _muon() -> Algorithm:
 
 
 MUON = _muon()
+#: the algorithm families muongate brings, each a reference class that declares what it is
+FAMILIES: tuple[str, ...] = (DEFAULT_REFERENCE, "reference:AdamW", "reference:LowBitAdamW", "reference:Adafactor")
+
+
+@cache
+def engine_family(name: str) -> Algorithm:
+    """The registered family whose engine-contract name is ``name`` (``muon``, ``adamw``)."""
+    found = [a for a in map(Algorithm.load, FAMILIES) if a.engine_name == name]
+    if len(found) != 1:
+        raise ValueError(f"the engine optimizer {name!r} names {len(found)} of muongate's families {FAMILIES}")
+    return found[0]
+
+
+def engine_names() -> frozenset[str]:
+    """The names the engine contract knows: those the registered families declare."""
+    return frozenset(a.engine_name for a in map(Algorithm.load, FAMILIES) if a.engine_name)
+
+
 #: ``--reference none``: no reference at all, for any ``torch.optim.Optimizer`` judged against its
 #: own single-device self only (``--against self``): no settings drawn (the optimizer's own
 #: defaults), parameters of 1 to 3 dimensions, every state tensor compared

@@ -224,6 +224,8 @@ class AdamW(PerParameter):
     #: every element's step reads that element alone
     ELEMENTWISE: ClassVar[bool] = True
     DEFAULTS: ClassVar[dict[str, Any]] = ADAMW_DEFAULTS
+    #: the optimizer's name in the engine contract (``harness.engines``)
+    ENGINE_NAME: ClassVar[str | None] = "adamw"
     STEP: ClassVar[Callable[..., None]] = adam_step
     VALIDATE = validate_adamw_settings
 

@@ -99,5 +99,7 @@ class LowBitAdamW(AdamW):
     #: a block's scale reads the whole block, across pieces
     ELEMENTWISE: ClassVar[bool] = False
     DEFAULTS: ClassVar[dict[str, Any]] = LOWBIT_DEFAULTS
+    #: no engine asks for it by name (its parent AdamW's name is AdamW's alone)
+    ENGINE_NAME: ClassVar[str | None] = None
     STEP = lowbit_adam_step
     VALIDATE = validate_lowbit_settings

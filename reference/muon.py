@@ -563,6 +563,14 @@ class Muon(torch.optim.Optimizer):
     #: the state it keeps per parameter; each is compared with a candidate's state of that name
     STATE: ClassVar[tuple[str, ...]] = FLOAT32_STATE
     DEFAULTS: ClassVar[dict[str, Any]] = MUON_DEFAULTS
+    #: the gates' claims that hold for this family alone: its update is Newton–Schulz's (the
+    #: gathered and owner-split modes, the causes of difference), beside AdamW groups, with the
+    #: norm's bf16 ties and the output's spectrum; ``harness.algorithms`` reads them
+    CLAIMS: ClassVar[frozenset[str]] = frozenset(
+        {"newton_schulz", "hybrid_groups", "bf16_norm_ties", "oracle_spectrum", "tier:causes"}
+    )
+    #: the optimizer's name in the engine contract (``harness.engines``)
+    ENGINE_NAME: ClassVar[str | None] = "muon"
 
     def __init__(
         self, params: Iterable[Any], *, orthogonalize_fn: Callable[..., Tensor] | None = None, **settings: Any

@@ -86,9 +86,12 @@ from typing import Any, Protocol, TypeVar
 
 from torch import Tensor, nn
 
+from harness.algorithms import engine_names
+
 F = TypeVar("F")
 
-OPTIMIZERS = frozenset({"muon", "adamw"})
+#: the optimizers an engine may declare: the names muongate's algorithm families declare (``ENGINE_NAME``)
+OPTIMIZERS = engine_names()
 DTYPES = frozenset({"float32", "bfloat16"})
 JUDGED = frozenset({"reference", "self"})
 

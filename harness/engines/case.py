@@ -21,7 +21,7 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-import reference
+from harness.algorithms import engine_family
 from harness.engines import Engine, EngineConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -92,7 +92,7 @@ class EngineCase:
     @property
     def reference(self) -> type[torch.optim.Optimizer]:
         """muongate's reference of the optimizer (what ``against == "reference"`` steps)."""
-        return reference.Muon if self.optimizer == "muon" else reference.AdamW
+        return engine_family(self.optimizer).factory
 
     @property
     def names(self) -> tuple[str, ...]:

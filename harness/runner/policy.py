@@ -55,12 +55,12 @@ class SkipPolicy:
 
     @staticmethod
     def algorithm_claim(gate: str, about: str) -> None:
-        """Skips unless the session's reference is Muon: the claim is about ``about``."""
+        """Skips unless the session's reference declares the claim ``gate`` (``CLAIMS``): it is about ``about``."""
         from harness.session import gate_config
 
         algorithm = gate_config().algorithm
-        if algorithm is not None and not algorithm.orthogonalizes:
-            pytest.skip(f"{gate}: a claim of Muon's ({about}); the session's reference is {algorithm.title}")
+        if algorithm is not None and gate not in algorithm.claims:
+            pytest.skip(f"{gate}: a claim of {about}, which {algorithm.title} does not declare (its CLAIMS)")
 
     def exact(self, gate: str, narrowed: list[str]) -> None:
         """Skips a hand-picked case whose point the candidate's narrowing removed."""
