@@ -435,7 +435,7 @@ def judge_causes(
     unexplained: set[str] = set()
     unjudged: set[str] = set()
     signs: set[str] = set()
-    muon = against == "reference" and reference_of(case).orthogonalizes and bool(causes - SIGN_ONLY)
+    muon = against == "reference" and "tier:causes" in reference_of(case).claims and bool(causes - SIGN_ONLY)
     for c in comparisons:
         if c.against != against:
             continue
