@@ -172,7 +172,13 @@ def _muon() -> Algorithm:
 
 MUON = _muon()
 #: the algorithm families muongate brings, each a reference class that declares what it is
-FAMILIES: tuple[str, ...] = (DEFAULT_REFERENCE, "reference:AdamW", "reference:LowBitAdamW", "reference:Adafactor")
+FAMILIES: tuple[str, ...] = (
+    DEFAULT_REFERENCE,
+    "reference:NorMuon",
+    "reference:AdamW",
+    "reference:LowBitAdamW",
+    "reference:Adafactor",
+)
 
 
 @cache

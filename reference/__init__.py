@@ -1,5 +1,5 @@
-"""Single-device references: Muon (+ AdamW for everything that is not a hidden matrix), AdamW, AdamW with
-block-quantized moments (``LowBitAdamW``) and Adafactor."""
+"""Single-device references: Muon (+ AdamW for everything that is not a hidden matrix), NorMuon, AdamW,
+AdamW with block-quantized moments (``LowBitAdamW``) and Adafactor."""
 
 from reference.adafactor import ADAFACTOR_DEFAULTS, Adafactor, adafactor_step, validate_adafactor_settings
 from reference.adamw import ADAMW_DEFAULTS, AdamW, adam_step, init_adam_state, validate_adamw_settings
@@ -19,18 +19,21 @@ from reference.muon import (
     param_names,
     validate_settings,
 )
+from reference.normuon import NORMUON_DEFAULTS, NorMuon, normalize_neurons, second_moment_shape
 
 __all__ = [
     "ADAFACTOR_DEFAULTS",
     "ADAMW_DEFAULTS",
     "LOWBIT_DEFAULTS",
     "MUON_DEFAULTS",
+    "NORMUON_DEFAULTS",
     "QUANTIZED",
     "Adafactor",
     "AdamW",
     "Interval",
     "LowBitAdamW",
     "Muon",
+    "NorMuon",
     "adafactor_step",
     "adam_step",
     "adamw_update",
@@ -41,10 +44,12 @@ __all__ = [
     "lowbit_adam_step",
     "lr_scale",
     "momentum_update",
+    "normalize_neurons",
     "orthogonalize",
     "orthogonalize_batch",
     "param_names",
     "quantized",
+    "second_moment_shape",
     "validate_adafactor_settings",
     "validate_adamw_settings",
     "validate_settings",

@@ -515,7 +515,9 @@ class Interval(NamedTuple):
     hi: float
 
 
-def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+def restore_float32_state(
+    optimizer: torch.optim.Optimizer, state_dict: dict[str, Any], keys: Sequence[str] = FLOAT32_STATE
+) -> None:
     """Undoes ``Optimizer.load_state_dict``'s cast of floating state to the parameter dtype.
 
     torch.optim assumes state has the parameter's dtype; Muon's state is float32, and
@@ -525,7 +527,7 @@ def restore_float32_state(optimizer: torch.optim.Optimizer, state_dict: dict[str
     saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
     for param_id, p in zip(saved_ids, params, strict=True):
         for key, value in state_dict["state"].get(param_id, {}).items():
-            if key in FLOAT32_STATE:
+            if key in keys:
                 optimizer.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
 
 
@@ -576,16 +578,20 @@ class Muon(torch.optim.Optimizer):
         self, params: Iterable[Any], *, orthogonalize_fn: Callable[..., Tensor] | None = None, **settings: Any
     ) -> None:
         self.orthogonalize_fn = orthogonalize_fn
-        unknown = set(settings) - set(MUON_DEFAULTS) - set(FORM_DEFAULTS)
+        defaults = type(self).DEFAULTS
+        unknown = set(settings) - set(defaults) - set(FORM_DEFAULTS)
         if unknown:
-            raise ValueError(
-                f"unknown setting(s) {sorted(unknown)}; known: {sorted({**MUON_DEFAULTS, **FORM_DEFAULTS})}"
-            )
-        super().__init__(params, {**MUON_DEFAULTS, **settings})
+            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted({**defaults, **FORM_DEFAULTS})}")
+        super().__init__(params, {**defaults, **settings})
         for gi, group in enumerate(self.param_groups):
-            validate_settings(group)
+            self._validate(group)
             for name, p in zip(param_names(group, gi), group["params"], strict=True):
                 self._check_param(name, p, group["use_muon"])
+
+    @staticmethod
+    def _validate(group: dict[str, Any]) -> None:
+        """Raises ``ValueError`` naming the first setting of a param group that is out of range."""
+        validate_settings(group)
 
     def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
         """Raises ``ValueError`` naming a parameter this optimizer cannot take."""
@@ -597,7 +603,7 @@ class Muon(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        restore_float32_state(self, state_dict)
+        restore_float32_state(self, state_dict, type(self).STATE)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
