@@ -581,3 +581,18 @@ def test_signed_zeros_are_within_the_signed_zero_cause_and_any_value_that_differ
     # against the candidate itself on one device too: the shard and the whole tensor are other blocks
     itself = dataclasses.replace(zeros, against="self")
     assert len(judge_causes(signed, case, [itself], "cpu", against="self").within) == 1
+
+
+@pytest.mark.slow
+def test_sharded_normuon_is_judged_bitwise_against_reference_normuon(tmp_path: Path) -> None:
+    """A family beside Muon: ``--reference reference:NorMuon`` draws NorMuon's settings and
+    conventions, and ``distributed_impl:ShardedNorMuon`` matches it bit for bit on FSDP2, 3-D
+    stacks and tensor parallelism; Muon's own claims (the spectrum, the bf16 ties, the causes)
+    skip, naming the CLAIMS it does not declare."""
+    result = _run(
+        tmp_path, "--impl", "distributed_impl:ShardedNorMuon", "--reference", "reference:NorMuon",
+        "-k", "one_sharded_step or several_steps or fsdp_tp_layouts or bf16_rounding_ties", "-rs",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"\d+ gates: (\d+) bitwise, 0 within causes, 0 not judged, 0 differ", result.stdout)
+    assert re.search(r"which\s+reference\.NorMuon\s+does\s+not\s+declare", result.stdout), result.stdout[-3000:]
