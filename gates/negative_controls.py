@@ -22,6 +22,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from harness.tasks.common import local_piece
 from reference import (
     Muon,
+    NorMuon,
     adamw_update,
     apply_update,
     coefficient_schedule,
@@ -29,6 +30,7 @@ from reference import (
     lr_scale,
     momentum_update,
 )
+from reference.normuon import divided_by_statistics, normalize_neurons, rescaled, second_moment_shape, statistics_dim
 
 
 def _zeros(p: DTensor) -> DTensor:
@@ -270,6 +272,89 @@ LAYOUT_CONTROLS: dict[str, tuple[type[PlantedMuon], int]] = {
     "FirstReplicaMuon": (FirstReplicaMuon, 2),
     "StridedOrderMuon": (StridedOrderMuon, 4),
     "ExpertRowsMuon": (ExpertRowsMuon, 4),
+}
+
+
+# -- NorMuon: its statistics and norms are the whole matrix's (``reference.normuon``) ----------
+class PlantedNorMuon(PlantedMuon, NorMuon):
+    """NorMuon on DTensor parameters from the same public parts: ``PlantedMuon``'s momentum,
+    gather and Newton–Schulz, the reference's ``normalize_neurons`` of the whole matrix, this
+    rank's piece applied; the statistics whole, replicated on every rank."""
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        dp, dgrad = cast(DTensor, p), cast(DTensor, grad)
+        local = dp.to_local()
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = _zeros(dp)
+            whole = torch.zeros(second_moment_shape(dp.shape, group["normuon_axis"]), device=local.device)
+            mesh = dp.device_mesh
+            state["second_moment"] = DTensor.from_local(whole, mesh, [Replicate()] * mesh.ndim, run_check=False)
+        update = torch.empty(local.shape, dtype=group["ns_dtype"], device=local.device)
+        self.momentum(state["momentum_buffer"].to_local(), dgrad.to_local(), group, update)
+        ortho = group_orthogonalizer(group, self.orthogonalize_fn)(_as_dtensor(update, dp).full_tensor())
+        piece, scale = self.normalized_piece(ortho, state["second_moment"].to_local(), dp, group)
+        self.apply(local, piece, group, group["lr"] * scale)
+
+    def normalized_piece(self, ortho: Tensor, v: Tensor, p: DTensor, group: dict[str, Any]) -> tuple[Tensor, float]:
+        normalized, scale = normalize_neurons(ortho, v, group, p.shape)
+        return local_piece(normalized, p), scale
+
+
+def _norm(t: Tensor) -> Tensor:
+    return torch.linalg.vector_norm(t, dim=(-2, -1), keepdim=True)
+
+
+class ShardNormNorMuon(PlantedNorMuon):
+    """Rescales each rank's piece by that piece's own norms, not the whole matrix's: the
+    statistics are right, the Frobenius (or RMS) rescale is per shard, as microsoft/dion's
+    sharded NorMuon does (its code calls it an approximation)."""
+
+    def normalized_piece(self, ortho: Tensor, v: Tensor, p: DTensor, group: dict[str, Any]) -> tuple[Tensor, float]:
+        u, divided = divided_by_statistics(ortho, v, group, p.shape)
+        piece = local_piece(divided, p)
+        update, _ = rescaled(_norm(local_piece(u, p)), piece, group, piece.shape)
+        return update, lr_scale(p.shape, group["adjust_lr_fn"]) if group["normuon_scale"] == "frobenius" else 1.0
+
+
+class PaddedStatisticsNorMuon(PlantedNorMuon):
+    """Takes the mean square over FSDP2's padded rows: where the statistics are per column (a
+    wide matrix under ``normuon_axis="shape"``), the zero rows that pad the last shard to
+    ``ceil(rows / shards)`` count in the mean."""
+
+    def normalized_piece(self, ortho: Tensor, v: Tensor, p: DTensor, group: dict[str, Any]) -> tuple[Tensor, float]:
+        shards = p.device_mesh.size(p.device_mesh.ndim - 1)
+        rows = p.shape[-2]
+        padded = math.ceil(rows / shards) * shards
+        if statistics_dim(p.shape, group["normuon_axis"]) != -2 or padded == rows:
+            return super().normalized_piece(ortho, v, p, group)
+        u = ortho.float()
+        v.lerp_((u * u).sum(dim=-2, keepdim=True) / padded, 1 - group["beta2"])
+        eps = group["normuon_eps"]
+        divided = u / (v.sqrt() + eps) if group["normuon_denominator"] == "add" else u * v.clamp(min=eps).rsqrt()
+        normalized, scale = rescaled(_norm(u), divided, group, p.shape)
+        return local_piece(normalized, p), scale
+
+
+class PieceStatisticsNorMuon(PlantedNorMuon):
+    """Takes each row's mean square over this rank's columns of a row-wise tensor-parallel
+    weight (``Shard(1)``), and rescales by the piece's norms: NorMuon on the local TP piece."""
+
+    def normalized_piece(self, ortho: Tensor, v: Tensor, p: DTensor, group: dict[str, Any]) -> tuple[Tensor, float]:
+        rowwise = any(isinstance(pl, Shard) and pl.dim == 1 for pl in p.placements)
+        if not rowwise or statistics_dim(p.shape, group["normuon_axis"]) != -1:
+            return super().normalized_piece(ortho, v, p, group)
+        piece = local_piece(ortho, p)
+        if not piece.numel():
+            return piece.float(), 1.0
+        u, divided = divided_by_statistics(piece, v, group, p.shape)
+        return rescaled(_norm(u), divided, group, p.shape)
+
+
+#: NorMuon's negative controls, with whether each shows on tensor-parallel layouts only
+NORMUON_CONTROLS: dict[str, tuple[type[PlantedNorMuon], bool]] = {
+    "ShardNormNorMuon": (ShardNormNorMuon, False),
+    "PaddedStatisticsNorMuon": (PaddedStatisticsNorMuon, False),
+    "PieceStatisticsNorMuon": (PieceStatisticsNorMuon, True),
 }
 
 

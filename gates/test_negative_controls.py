@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from gates.negative_controls import NEGATIVE_CONTROLS, PlantedMuon, ShardSumNormMuon
-from harness.cases import Case, cases, norm_tie_cases
+from gates.negative_controls import NEGATIVE_CONTROLS, NORMUON_CONTROLS, PlantedMuon, PlantedNorMuon, ShardSumNormMuon
+from harness.algorithms import Algorithm
+from harness.cases import Case, cases, layout_cases, norm_tie_cases
 from harness.session import gate_config
+from reference import NorMuon
 
 pytestmark = [
     pytest.mark.gate,
@@ -28,6 +30,7 @@ CONTROL_CASES = cases(max_world=2, max_steps=3, max_params=2, adamw=False)
 
 
 def _planted(case: Case, control: type[PlantedMuon]) -> Case:
+    """``case`` on two ranks of FSDP2, with ``control`` in the candidate's place."""
     return replace(case, candidate=control, mode=None, world_size=2, mesh=(2,))
 
 
@@ -68,3 +71,42 @@ def test_norm_ties_catch_the_shard_sum_norm_with_bf16_newton_schulz_only(gate_ru
         lambda case: _planted(case, ShardSumNormMuon).describe(),
     )
     assert dict(minimal.settings)["ns_dtype"] == "bfloat16"
+
+
+#: NorMuon's cases: its settings and conventions, judged against ``reference.NorMuon``
+NORMUON = Algorithm.of(NorMuon)
+
+
+def _normuon_cases(tp: bool) -> Any:
+    if tp:
+        return layout_cases(max_world=max(2, gate_config().nproc), min_world=2, algorithm=NORMUON)
+    return cases(max_world=2, max_steps=3, max_params=2, adamw=False, algorithm=NORMUON)
+
+
+@given(case=cases(max_world=2, max_steps=3, max_params=2, adamw=False, algorithm=NORMUON))
+@settings(max_examples=max(5, settings().max_examples // 10))
+def test_unplanted_normuon_control_matches_the_reference(gate_runner: Any, case: Case) -> None:
+    """NorMuon's controls are built on a correct NorMuon: each bug is the only difference."""
+    if gate_config().nproc < 2:
+        pytest.skip("the controls run on two ranks")
+    gate_runner.check("negative:normuon-unplanted", _planted(case, PlantedNorMuon))
+
+
+@pytest.mark.parametrize("control", sorted(NORMUON_CONTROLS))
+def test_gates_catch_normuon_negative_control(gate_runner: Any, control: str) -> None:
+    """Against ``reference.NorMuon``, on FSDP2 or (tensor-parallel controls) the layouts users
+    build: the statistics and norms of a piece, or of padded rows, are caught and shrunk."""
+    if gate_config().nproc < 2:
+        pytest.skip("every planted bug needs at least two ranks to show")
+    planted, tp = NORMUON_CONTROLS[control]
+
+    def on(case: Case) -> Case:
+        return replace(case, candidate=planted, mode=None) if tp else _planted(case, planted)
+
+    minimal = gate_runner.catch(
+        f"negative:{control}",
+        _normuon_cases(tp),
+        lambda case: gate_runner.run(on(case)).message,
+        lambda case: on(case).describe(),
+    )
+    assert sum(p.shape[0] for p in minimal.params) <= 64, f"{control}: shrinking left {on(minimal).describe()}"
