@@ -171,14 +171,15 @@ def _muon() -> Algorithm:
 
 
 MUON = _muon()
-#: the algorithm families muongate brings, each a reference class that declares what it is
-FAMILIES: tuple[str, ...] = (
-    DEFAULT_REFERENCE,
-    "reference:NorMuon",
-    "reference:AdamW",
-    "reference:LowBitAdamW",
-    "reference:Adafactor",
-)
+#: the algorithm families muongate brings, each a reference class that declares what it is, with
+#: a sharded candidate of it that muongate ships and that passes its gates (``None``: none does)
+FAMILIES: dict[str, str | None] = {
+    DEFAULT_REFERENCE: "distributed_impl:ShardedMuon",
+    "reference:NorMuon": "distributed_impl:ShardedNorMuon",
+    "reference:AdamW": "gates.examples.torch_adam:adamw_for_loop",
+    "reference:LowBitAdamW": None,
+    "reference:Adafactor": None,
+}
 
 
 @cache
@@ -186,7 +187,7 @@ def engine_family(name: str) -> Algorithm:
     """The registered family whose engine-contract name is ``name`` (``muon``, ``adamw``)."""
     found = [a for a in map(Algorithm.load, FAMILIES) if a.engine_name == name]
     if len(found) != 1:
-        raise ValueError(f"the engine optimizer {name!r} names {len(found)} of muongate's families {FAMILIES}")
+        raise ValueError(f"the engine optimizer {name!r} names {len(found)} of muongate's families {list(FAMILIES)}")
     return found[0]
 
 

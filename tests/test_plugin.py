@@ -68,7 +68,14 @@ BAD_OPTIONS = [
     (
         ["--reference", "reference:AdamW"],
         {},
-        "ERROR: --reference reference:AdamW: muongate's built-in candidate *is a Muon*",
+        "ERROR: --reference reference:AdamW: muongate's built-in candidate *is a Muon*"
+        "*e.g. --impl gates.examples.torch_adam:adamw_for_loop",
+    ),
+    (
+        ["--reference", "reference:NorMuon"],
+        {},
+        "ERROR: --reference reference:NorMuon: *name a candidate of NorMuon with --impl, e.g. "
+        "--impl distributed_impl:ShardedNorMuon",
     ),
     (["--reference", "reference:muon_update"], {}, "ERROR: --reference reference:muon_update: *"),
     (["--reference", "reference:apply_update"], {}, "ERROR: --reference reference:apply_update: declares no DEFAULTS*"),

@@ -485,7 +485,7 @@ def _engine(config: pytest.Config) -> Any:
 def _algorithm(config: pytest.Config) -> Any:
     """The session's reference (``harness.algorithms``): ``--reference``, else the one the
     ``--impl`` candidate declares, else ``reference.Muon``; a conflict is a usage error."""
-    from harness.algorithms import MUON, NO_REFERENCE, Algorithm
+    from harness.algorithms import FAMILIES, MUON, NO_REFERENCE, Algorithm
 
     spec, impl = config.getoption("reference"), config.stash[_IMPL]
     declared = impl.algorithm if impl is not None and impl.declares_reference else None
@@ -504,9 +504,10 @@ def _algorithm(config: pytest.Config) -> Any:
             f"--reference {spec} with --impl {impl.spec}, which declares reference {declared.spec}: drop --reference"
         )
     if impl is None and algorithm.in_case is not None:
+        shipped = FAMILIES.get(algorithm.spec)
         raise pytest.UsageError(
             f"--reference {spec}: muongate's built-in candidate (distributed_impl:ShardedMuon) is a Muon; name a "
-            f"candidate of {algorithm.name} with --impl, e.g. --impl gates.examples.torch_adam:adamw_for_loop"
+            f"candidate of {algorithm.name} with --impl" + (f", e.g. --impl {shipped}" if shipped else "")
         )
     return algorithm
 
