@@ -58,7 +58,7 @@ def _layout(p: torch.Tensor) -> dict[str, Any]:
     if not isinstance(p, DTensor):
         return {"local_shape": list(p.shape), "offset": [0] * p.ndim}
     mesh = p.device_mesh
-    shape, offset = compute_local_shape_and_global_offset(p.shape, mesh, p.placements)
+    _, offset = compute_local_shape_and_global_offset(p.shape, mesh, p.placements)
     chunks = [
         math.ceil(p.shape[pl.dim] / mesh.size(d)) if isinstance(pl, Shard) and pl.dim < p.ndim else None
         for d, pl in enumerate(p.placements)
@@ -72,7 +72,6 @@ def _layout(p: torch.Tensor) -> dict[str, Any]:
         "placements": [repr(pl) for pl in p.placements],
         "chunks": chunks,
         "local_shape": list(p.to_local().shape),
-        "computed_local_shape": list(shape),
         "offset": list(offset),
     }
 
@@ -127,13 +126,8 @@ def capture(
     params = []
     for i, first in enumerate(everyone[0]):
         entry = {k: v for k, v in first.items() if k != "layout"}
-        layout = {
-            k: v for k, v in first["layout"].items() if k not in ("local_shape", "computed_local_shape", "offset")
-        }
-        layout["ranks"] = [
-            {k: ranks[i]["layout"][k] for k in ("local_shape", "offset") if k in ranks[i]["layout"]}
-            for ranks in everyone
-        ]
+        layout = {k: v for k, v in first["layout"].items() if k not in ("local_shape", "offset")}
+        layout["ranks"] = [{k: ranks[i]["layout"][k] for k in ("local_shape", "offset")} for ranks in everyone]
         params.append({**entry, "layout": layout})
     from harness import __version__
 
