@@ -37,6 +37,26 @@ def _funcol(rank: int, device: str = "cuda:0") -> None:
     assert out.tolist() == want, out
 
 
+def _c10d_gather(rank: int, async_op: bool = False) -> None:
+    t = torch.full((2,), float(rank), device="cuda:0")
+    out = torch.empty(2 * dist.get_world_size(), device="cuda:0")
+    work = dist.all_gather_into_tensor(out, t, async_op=async_op)
+    if work is not None:
+        work.wait()
+    torch.cuda.synchronize()
+    assert out.tolist() == [float(r) for r in range(dist.get_world_size()) for _ in range(2)], out
+
+
+def _functional_op(rank: int) -> None:
+    """The op functional collectives call, without their Python wrapper, then its wait."""
+    t = torch.full((2,), float(rank), device="cuda:0")
+    group = dist.group.WORLD.group_name
+    out = torch.ops._c10d_functional.all_gather_into_tensor(t, dist.get_world_size(), group)
+    out = torch.ops._c10d_functional.wait_tensor(out)
+    torch.cuda.synchronize()
+    assert out.tolist() == [float(r) for r in range(dist.get_world_size()) for _ in range(2)], out
+
+
 def _mesh():
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -63,6 +83,9 @@ def _fsdp(rank: int) -> None:
 
 STAGES = {
     "plain all_reduce": _plain,
+    "c10d all_gather_into_tensor": _c10d_gather,
+    "c10d all_gather_into_tensor, async_op and wait": lambda rank: _c10d_gather(rank, async_op=True),
+    "the functional op and wait_tensor, unwrapped": _functional_op,
     "functional all_gather": _funcol,
     "functional all_gather of CPU tensors": lambda rank: _funcol(rank, "cpu"),
     "DTensor": _dtensor,
