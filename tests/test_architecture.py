@@ -179,14 +179,33 @@ WALLS = {
 }
 
 
+def _breaches(graph: dict[str, set[str]], room: str) -> list[str]:
+    """The imports by ``room``'s modules of modules past its walls (``WALLS``)."""
+    walled, _ = WALLS[room]
+
+    def inside(module: str, of: str) -> bool:
+        return module == of or module.startswith(of + ".")
+
+    return sorted(
+        f"{m} imports {dep}"
+        for m, deps in graph.items()
+        if inside(m, room)
+        for dep in deps
+        if not inside(dep, room) and any(inside(dep, w) for w in walled)
+    )
+
+
 @pytest.mark.parametrize("room", sorted(WALLS))
 def test_rooms_inside_harness_do_not_reach_past_their_walls(room: str) -> None:
-    walled, why = WALLS[room]
-    wrong = sorted(
-        f"{m} imports {dep}"
-        for m, deps in GRAPH.items()
-        if m == room or m.startswith(room + ".")
-        for dep in deps
-        if not (dep == room or dep.startswith(room + ".")) and any(dep == w or dep.startswith(w + ".") for w in walled)
-    )
-    assert not wrong, f"{room}: {why}; {wrong}"
+    wrong = _breaches(GRAPH, room)
+    assert not wrong, f"{room}: {WALLS[room][1]}; {wrong}"
+
+
+def test_the_walls_catch_a_pool_that_imports_a_task_and_a_case_that_imports_a_candidate() -> None:
+    planted = {
+        **GRAPH,
+        "harness.ranks.pool": GRAPH["harness.ranks.pool"] | {"harness.tasks.optimizer"},
+        "harness.cases.case": GRAPH["harness.cases.case"] | {"harness.candidates.impl"},
+    }
+    assert _breaches(planted, "harness.ranks") == ["harness.ranks.pool imports harness.tasks.optimizer"]
+    assert _breaches(planted, "harness.cases") == ["harness.cases.case imports harness.candidates.impl"]
