@@ -110,7 +110,8 @@ def capture(
     model: nn.Module | None, optimizer: torch.optim.Optimizer, path: str | Path, *, group: Any = None
 ) -> dict[str, Any] | None:
     """Writes the job's layout to ``path`` on rank 0 and returns it there (``None`` on the other
-    ranks). A collective over ``group`` (the default group): every rank must call it."""
+    ranks). A collective over ``group`` (the default group): every rank must call it, and every
+    rank returns once the file is written."""
     mine = describe_optimizer(model, optimizer)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     everyone: list[Any] = [None] * world
@@ -118,11 +119,12 @@ def capture(
         dist.all_gather_object(everyone, mine, group=group)
     else:
         everyone = [mine]
-    if dist.is_initialized() and dist.get_rank(group) != 0:
-        return None
     counts = {len(ranks) for ranks in everyone}
-    if len(counts) != 1:
+    if len(counts) != 1:  # every rank sees it, and raises: none is left waiting below
         raise ValueError(f"capture: the ranks' optimizers step different numbers of parameters: {sorted(counts)}")
+    if dist.is_initialized() and dist.get_rank(group) != 0:
+        dist.barrier(group=group)  # returns once rank 0 has written the file
+        return None
     params = []
     for i, first in enumerate(everyone[0]):
         entry = {k: v for k, v in first.items() if k != "layout"}
@@ -144,6 +146,8 @@ def capture(
         "params": params,
     }
     Path(path).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    if world > 1:
+        dist.barrier(group=group)
     return record
 
 
