@@ -135,10 +135,7 @@ class ShardedMuon(Muon):
         for p in params:
             if "momentum_buffer" not in self.state[p]:
                 self.state[p]["momentum_buffer"] = _zeros_like_sharded(p)
-
-        def produce(p: DTensor, out: Tensor) -> None:
-            buf = self.state[p]["momentum_buffer"].to_local()
-            momentum_update(buf, _local(p.grad), group["momentum"], group["nesterov"], group["momentum_form"], out=out)
+        produce = self._producer(group)
 
         def apply(p: DTensor, ortho: Tensor) -> None:
             scaled_lr = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])  # the global shape
@@ -155,6 +152,15 @@ class ShardedMuon(Muon):
                 apply(p, placement.local_rows(ns(placement.gather_full(update, p)), p))
             else:
                 apply(p, ns(update))
+
+    def _producer(self, group: dict[str, Any]) -> Callable[[DTensor, Tensor], None]:
+        """``produce(p, out)``: advances ``p``'s local momentum and writes its update to ``out``."""
+
+        def produce(p: DTensor, out: Tensor) -> None:
+            buf = self.state[p]["momentum_buffer"].to_local()
+            momentum_update(buf, _local(p.grad), group["momentum"], group["nesterov"], group["momentum_form"], out=out)
+
+        return produce
 
     # -- AdamW --------------------------------------------------------------------------
     def _adamw_group(self, params: list[DTensor], group: dict[str, Any]) -> None:

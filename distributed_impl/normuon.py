@@ -21,8 +21,8 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from distributed_impl import placement
 from distributed_impl.mesh_split import formed_update
-from distributed_impl.muon import Mode, ShardedMuon, _local, _zeros_like_sharded
-from reference import NorMuon, apply_update, group_orthogonalizer, momentum_update, normalize_neurons
+from distributed_impl.muon import Mode, ShardedMuon, _zeros_like_sharded
+from reference import NorMuon, apply_update, group_orthogonalizer, normalize_neurons
 from reference.muon import form_of
 from reference.normuon import second_moment_shape
 
@@ -41,19 +41,13 @@ class ShardedNorMuon(ShardedMuon, NorMuon):
 
     def _muon_group(self, params: list[DTensor], group: dict[str, Any]) -> None:
         ns = group_orthogonalizer(group, self.orthogonalize_fn)
+        produce = self._producer(group)
         for p in params:
             state = self.state[p]
             whole = placement.needs_gather(p)
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = _zeros_like_sharded(p)
                 state["second_moment"] = _statistics(p, group["normuon_axis"], whole)
-
-            def produce(p: DTensor, out: torch.Tensor) -> None:
-                buf = self.state[p]["momentum_buffer"].to_local()
-                momentum_update(
-                    buf, _local(p.grad), group["momentum"], group["nesterov"], group["momentum_form"], out=out
-                )
-
             update = formed_update(p, group["ns_dtype"], produce)
             ortho = ns(placement.gather_full(update, p) if whole else update)
             normalized, scale = normalize_neurons(ortho, state["second_moment"].to_local(), group, p.shape)

@@ -30,7 +30,14 @@ from reference import (
     lr_scale,
     momentum_update,
 )
-from reference.normuon import divided_by_statistics, normalize_neurons, rescaled, second_moment_shape, statistics_dim
+from reference.normuon import (
+    divided_by,
+    divided_by_statistics,
+    normalize_neurons,
+    rescaled,
+    second_moment_shape,
+    statistics_dim,
+)
 
 
 def _zeros(p: DTensor) -> DTensor:
@@ -329,9 +336,7 @@ class PaddedStatisticsNorMuon(PlantedNorMuon):
             return super().normalized_piece(ortho, v, p, group)
         u = ortho.float()
         v.lerp_((u * u).sum(dim=-2, keepdim=True) / padded, 1 - group["beta2"])
-        eps = group["normuon_eps"]
-        divided = u / (v.sqrt() + eps) if group["normuon_denominator"] == "add" else u * v.clamp(min=eps).rsqrt()
-        normalized, scale = rescaled(_norm(u), divided, group, p.shape)
+        normalized, scale = rescaled(_norm(u), divided_by(u, v, group), group, p.shape)
         return local_piece(normalized, p), scale
 
 

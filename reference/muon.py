@@ -573,6 +573,8 @@ class Muon(torch.optim.Optimizer):
     )
     #: the optimizer's name in the engine contract (``harness.engines``)
     ENGINE_NAME: ClassVar[str | None] = "muon"
+    #: raises ``ValueError`` naming the first setting of a param group out of range (as ``PerParameter``'s)
+    VALIDATE: ClassVar[Callable[[dict[str, Any]], None]] = validate_settings
 
     def __init__(
         self, params: Iterable[Any], *, orthogonalize_fn: Callable[..., Tensor] | None = None, **settings: Any
@@ -584,14 +586,9 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted({**defaults, **FORM_DEFAULTS})}")
         super().__init__(params, {**defaults, **settings})
         for gi, group in enumerate(self.param_groups):
-            self._validate(group)
+            type(self).VALIDATE(group)
             for name, p in zip(param_names(group, gi), group["params"], strict=True):
                 self._check_param(name, p, group["use_muon"])
-
-    @staticmethod
-    def _validate(group: dict[str, Any]) -> None:
-        """Raises ``ValueError`` naming the first setting of a param group that is out of range."""
-        validate_settings(group)
 
     def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
         """Raises ``ValueError`` naming a parameter this optimizer cannot take."""
@@ -630,12 +627,20 @@ class Muon(torch.optim.Optimizer):
         update = momentum_update(
             state["momentum_buffer"], grad, group["momentum"], group["nesterov"], group["momentum_form"]
         )
-        ortho = group_orthogonalizer(group, self.orthogonalize_fn)(update)
-        scale = lr_scale(p.shape, group["adjust_lr_fn"])
+        ortho, scale = self._scaled(group_orthogonalizer(group, self.orthogonalize_fn)(update), state, group, p.shape)
         if form_of(group, "lr_scale_on") == "update":
             ortho = ortho * scale  # in the update's own dtype, rounded there
             scale = 1.0
         apply_update(p, ortho, group["lr"], group["weight_decay"], group["lr"] * scale)
+
+    @staticmethod
+    def _scaled(
+        ortho: Tensor, state: dict[str, Any], group: dict[str, Any], shape: Sequence[int]
+    ) -> tuple[Tensor, float]:
+        """The update from Newton–Schulz's output of a matrix of global ``shape``, and the factor
+        the lr is multiplied by: the output itself and Muon's lr scale (a family that does more
+        with the output, NorMuon, does it here, with ``state``)."""
+        return ortho, lr_scale(shape, group["adjust_lr_fn"])
 
     @staticmethod
     def _adamw_step(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:

@@ -48,23 +48,13 @@ authors' reshape of 4-D convolution weights, modded-nanogpt's cautious weight de
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, cast, get_args
 
 import torch
 from torch import Tensor
 
-from reference.muon import (
-    MUON_DEFAULTS,
-    Interval,
-    Muon,
-    apply_update,
-    form_of,
-    group_orthogonalizer,
-    lr_scale,
-    momentum_update,
-    validate_settings,
-)
+from reference.muon import MUON_DEFAULTS, Interval, Muon, lr_scale, validate_settings
 
 NormuonAxis = Literal["rows", "shape"]
 NormuonDenominator = Literal["add", "clamp"]
@@ -103,12 +93,18 @@ def divided_by_statistics(
     """Advances ``second_moment`` (float32) in place from Newton–Schulz's output ``ortho`` of a
     matrix of global ``shape``; returns that output in float32 and divided by the statistics."""
     u = ortho.float()
-    eps = group["normuon_eps"]
     dim = statistics_dim(shape, group["normuon_axis"])
     second_moment.lerp_((u * u).mean(dim=dim, keepdim=True), 1 - group["beta2"])
+    return u, divided_by(u, second_moment, group)
+
+
+def divided_by(u: Tensor, second_moment: Tensor, group: dict[str, Any]) -> Tensor:
+    """``u`` divided by the root of the statistics (``normuon_denominator``): ``u / (√v + eps)``
+    or ``u · rsqrt(max(v, eps))``."""
+    eps = group["normuon_eps"]
     if group["normuon_denominator"] == "add":
-        return u, u / (second_moment.sqrt() + eps)
-    return u, u * second_moment.clamp(min=eps).rsqrt()
+        return u / (second_moment.sqrt() + eps)
+    return u * second_moment.clamp(min=eps).rsqrt()
 
 
 def rescaled(norm: Tensor, divided: Tensor, group: dict[str, Any], shape: Sequence[int]) -> tuple[Tensor, float]:
@@ -166,20 +162,15 @@ class NorMuon(Muon):
     CLAIMS: ClassVar[frozenset[str]] = frozenset({"hybrid_groups"})
     ENGINE_NAME: ClassVar[str | None] = None
 
-    @staticmethod
-    def _validate(group: dict[str, Any]) -> None:
-        validate_normuon_settings(group)
+    VALIDATE: ClassVar[Callable[[dict[str, Any]], None]] = validate_normuon_settings
 
-    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            shape = second_moment_shape(p.shape, group["normuon_axis"])
-            state["second_moment"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
-        update = momentum_update(
-            state["momentum_buffer"], grad, group["momentum"], group["nesterov"], group["momentum_form"]
-        )
-        ortho = group_orthogonalizer(group, self.orthogonalize_fn)(update)
-        normalized, scale = normalize_neurons(ortho, cast(Tensor, state["second_moment"]), group, p.shape)
-        if form_of(group, "lr_scale_on") == "update":
-            normalized, scale = normalized * scale, 1.0
-        apply_update(p, normalized, group["lr"], group["weight_decay"], group["lr"] * scale)
+    @staticmethod
+    def _scaled(
+        ortho: Tensor, state: dict[str, Any], group: dict[str, Any], shape: Sequence[int]
+    ) -> tuple[Tensor, float]:
+        """NorMuon's normalization of Newton–Schulz's output (``normalize_neurons``), its
+        statistics kept in ``state`` from the first step."""
+        if "second_moment" not in state:
+            moment = second_moment_shape(shape, group["normuon_axis"])
+            state["second_moment"] = torch.zeros(moment, dtype=torch.float32, device=ortho.device)
+        return normalize_neurons(ortho, cast(Tensor, state["second_moment"]), group, shape)
