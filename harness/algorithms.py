@@ -183,9 +183,14 @@ FAMILIES: dict[str, str | None] = {
 
 
 @cache
+def families() -> tuple[Algorithm, ...]:
+    """The registered families (``FAMILIES``), each read once."""
+    return tuple(map(Algorithm.load, FAMILIES))
+
+
 def engine_family(name: str) -> Algorithm:
     """The registered family whose engine-contract name is ``name`` (``muon``, ``adamw``)."""
-    found = [a for a in map(Algorithm.load, FAMILIES) if a.engine_name == name]
+    found = [a for a in families() if a.engine_name == name]
     if len(found) != 1:
         raise ValueError(f"the engine optimizer {name!r} names {len(found)} of muongate's families {list(FAMILIES)}")
     return found[0]
@@ -193,7 +198,7 @@ def engine_family(name: str) -> Algorithm:
 
 def engine_names() -> frozenset[str]:
     """The names the engine contract knows: those the registered families declare."""
-    return frozenset(a.engine_name for a in map(Algorithm.load, FAMILIES) if a.engine_name)
+    return frozenset(a.engine_name for a in families() if a.engine_name)
 
 
 #: ``--reference none``: no reference at all, for any ``torch.optim.Optimizer`` judged against its
