@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from reference import param_names
+
 #: what the file says it is, and the version of its layout this muongate writes and reads
 SCHEMA = "muongate.capture"
 VERSION = 1
@@ -80,18 +82,23 @@ def _names(model: nn.Module | None) -> dict[int, str]:
     return {} if model is None else {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
 
 
+def _algorithm(group: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> str:
+    """What steps a group: a hybrid optimizer's group says which of its two (``use_muon``)."""
+    if "use_muon" not in group:
+        return type(optimizer).__name__
+    return "muon" if group["use_muon"] else "adamw"
+
+
 def describe_optimizer(model: nn.Module | None, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """This rank's record of every parameter ``optimizer`` steps, in its order."""
     names = _names(model)
     params = []
     for gi, group in enumerate(optimizer.param_groups):
-        given = group.get("param_names") or []
+        given = param_names(group, gi)
         settings = {k: _setting(v) for k, v in group.items() if k not in _NOT_SETTINGS}
-        # a hybrid optimizer's group says which of its two algorithms steps it
-        hybrid = {True: "muon", False: "adamw"}
-        algorithm = hybrid[bool(group["use_muon"])] if "use_muon" in group else type(optimizer).__name__
+        algorithm = _algorithm(group, optimizer)
         for i, p in enumerate(group["params"]):
-            name = names.get(id(p)) or (given[i] if i < len(given) else f"group{gi}.param{i}")
+            name = names.get(id(p)) or given[i]
             params.append(
                 {
                     "name": name,
