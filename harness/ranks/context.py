@@ -10,7 +10,7 @@ import contextlib
 import math
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -58,18 +58,20 @@ class Groups(NamedTuple):
         return [g for w, g in self.worlds.items() if rank < w] + [g for dims in self.grids.values() for g in dims]
 
 
-def grid_shapes(nproc: int) -> list[tuple[int, ...]]:
+def grid_shapes(nproc: int, extra: Iterable[tuple[int, ...]] = ()) -> list[tuple[int, ...]]:
     """The multi-dim meshes cases are laid on: ``(2, w // 2)`` for every even ``w >= 4`` (HSDP,
-    FSDP2 × TP, EP × EFSDP) and ``(2, 2, w // 4)`` for every ``w >= 8`` that 4 divides (HSDP × TP)."""
+    FSDP2 × TP, EP × EFSDP) and ``(2, 2, w // 4)`` for every ``w >= 8`` that 4 divides (HSDP × TP);
+    and the ``extra`` ones of at most ``nproc`` ranks (a replayed capture's)."""
     shapes: list[tuple[int, ...]] = [(2, w // 2) for w in range(4, nproc + 1, 2)]
-    return shapes + [(2, 2, w // 4) for w in range(8, nproc + 1, 4)]
+    shapes += [(2, 2, w // 4) for w in range(8, nproc + 1, 4)]
+    return shapes + sorted({s for s in extra if s not in shapes and math.prod(s) <= nproc})
 
 
-def make_groups(nproc: int) -> Groups:
+def make_groups(nproc: int, extra: Iterable[tuple[int, ...]] = ()) -> Groups:
     """Every process group a case can need, made once (every rank must take part in each).
 
     The group of ranks ``0 .. w-1`` for every world size ``w``; for every mesh shape of
-    ``grid_shapes``, laid row-major over ranks ``0 .. w-1``, this rank's group on each of its
+    ``grid_shapes`` (with ``extra``), laid row-major over ranks ``0 .. w-1``, this rank's group on each of its
     dims (ranks outside the mesh take part in making them but keep none); and the group of
     this rank alone.
     """
@@ -80,7 +82,7 @@ def make_groups(nproc: int) -> Groups:
     worlds: dict[int, Any] = {w: dist.new_group(list(range(w))) for w in range(1, nproc)}
     worlds[nproc] = dist.group.WORLD
     grids: dict[tuple[int, ...], tuple[Any, ...]] = {}
-    for shape in grid_shapes(nproc):
+    for shape in grid_shapes(nproc, extra):
         ranks = torch.arange(math.prod(shape)).view(shape)
         dims = []
         for d, size in enumerate(shape):

@@ -32,7 +32,7 @@ def launched_by_torchrun() -> bool:
 class LauncherGroup:
     """The launcher's ranks as an executor with the pool's ``run`` contract."""
 
-    def __init__(self, *, backend: str, device: str, timeout_s: float) -> None:
+    def __init__(self, *, backend: str, device: str, timeout_s: float, grids: tuple[tuple[int, ...], ...] = ()) -> None:
         import torch
         import torch.distributed as dist
 
@@ -46,7 +46,7 @@ class LauncherGroup:
         self.nproc = dist.get_world_size()
         self.backend = backend
         self.device = device
-        self._groups = make_groups(self.nproc)
+        self._groups = make_groups(self.nproc, grids)
         self._next_case = 0
 
     def run(

@@ -116,6 +116,8 @@ class _WorkerSpec:
     env: Mapping[str, str]
     log_path: str
     threads: int = 1
+    #: multi-dim meshes to make groups for beyond the pool's own (``make_groups``)
+    grids: tuple[tuple[int, ...], ...] = ()
 
 
 #: the environment variable naming a pool's scratch directory to its ranks, removed with the pool
@@ -220,7 +222,7 @@ def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> Non
         world_size=spec.nproc,
         timeout=timedelta(seconds=spec.pg_timeout_s),
     )
-    groups = make_groups(spec.nproc)
+    groups = make_groups(spec.nproc, spec.grids)
     _warm_up(spec, groups)
     conn.send(("ready", (os.getpid(), reader)))
     while True:
@@ -270,6 +272,7 @@ class RankPool:
         sample_after_s: float = 0.1,
         stall_s: float | None = None,
         threads: int | None = None,
+        grids: tuple[tuple[int, ...], ...] = (),
     ) -> None:
         if nproc < 1:
             raise ValueError(f"nproc={nproc} must be at least 1")
@@ -278,6 +281,8 @@ class RankPool:
         self.nproc = nproc
         self.backend = backend
         self.devices = devices or ["cpu"] * nproc
+        #: multi-dim meshes beyond the pool's own that the ranks make groups for (a replayed capture's)
+        self.grids = grids
         self.case_timeout_s = case_timeout_s
         # Past any case's deadline: the harness, not the library, says what a stuck case is.
         self.pg_timeout_s = pg_timeout_s if pg_timeout_s is not None else SLOW_CAP * case_timeout_s + 30.0
@@ -350,6 +355,7 @@ class RankPool:
                 env={**os.environ, **self._hidden, SCRATCH: self._logdir, **self._env},
                 log_path=self._logs[rank],
                 threads=threads,
+                grids=self.grids,
             )
             proc = self._ctx.Process(
                 target=_worker_main,
