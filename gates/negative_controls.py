@@ -273,6 +273,30 @@ class LocalStateMuon(PlantedMuon):
         self.apply(local, ortho, group, group["lr"] * self.scale(dp, group))
 
 
+class PastFirstBucketMuon(PlantedMuon):
+    """Reads every parameter that starts past its first flat bucket one element off: each rank
+    packs its local gradients into buckets of ``BUCKET`` elements in the order it steps them,
+    and takes a later bucket's offset from the bucket where it should take it from the buffer
+    (the 2026 class of a reshardable checkpoint that read every parameter past the first bucket
+    at the wrong offset, invisible with one bucket). No drawn case fills one bucket on a rank
+    (``tests/test_replay.py`` bounds them), so only a captured layout of a real model's sizes
+    shows it (``test_replay_gates.py``)."""
+
+    BUCKET = 2**16
+
+    def step(self, closure: Any = None) -> Any:
+        self._offset = 0
+        return super().step(closure)
+
+    def _group_step(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        for p in params:
+            if self._offset >= self.BUCKET:
+                grad = cast(DTensor, p.grad).to_local()
+                grad.copy_(grad.flatten().roll(1).view_as(grad))
+            self._offset += cast(DTensor, p).to_local().numel()
+        super()._group_step(params, group)
+
+
 #: the layout gate's negative controls, and the fewest ranks each needs to show
 LAYOUT_CONTROLS: dict[str, tuple[type[PlantedMuon], int]] = {
     "LocalColumnsMuon": (LocalColumnsMuon, 2),

@@ -45,6 +45,8 @@ class Rerun:
     #: ``--reference`` as the user gave it (``None``: the session's default)
     reference: str | None = None
     against: str = "reference"
+    #: ``--layout-from`` as the user gave it, made absolute
+    layout_from: str | None = None
     device: str = "cpu"
     profile: str = "ci"
     seed: str | None = None
@@ -61,6 +63,7 @@ class Rerun:
             ("--kernel", self.kernel),
             ("--model", self.model),
             ("--engine", self.engine),
+            ("--layout-from", self.layout_from),
             ("--against", None if self.against == "reference" else self.against),
             ("--gate-device", None if self.device == "cpu" else self.device),
             ("--hypothesis-profile", None if self.profile == "ci" else self.profile),

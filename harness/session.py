@@ -26,6 +26,8 @@ class GateConfig:
     thresholds: tuple[int, ...] = ()
     #: the ``--engine`` the engine gates judge (``harness.engines.LoadedEngine``; ``None``: muongate's flat engine)
     engine: Any = None
+    #: the capture ``--layout-from`` replays (``harness.replay.Replay``; ``None``: none)
+    replay: Any = None
 
 
 _CURRENT = [GateConfig()]

@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-from reports.records import CaseResult, Comparison, Spectrum, Training
+from reports.records import CaseResult, Comparison, Header, Spectrum, Training
 from reports.summary import (
     BUCKETS,
     GATE_COLUMNS,
@@ -577,6 +577,14 @@ def _skips(summary: RunSummary) -> str:
     return f"<h2>Skipped: {len(summary.skips)} gate test(s)</h2>{items}"
 
 
+def _replayed(h: Header) -> str:
+    """What a replayed capture kept, mesh by mesh and parameter by parameter (``harness.replay``)."""
+    if len(h.replayed) < 2:
+        return ""
+    items = "".join(f"<li>{_e(line)}</li>" for line in h.replayed[1:])
+    return f"<details><summary>what the replay kept of the captured layout</summary><ul>{items}</ul></details>"
+
+
 def page(summary: RunSummary) -> str:
     """The whole report page."""
     h = summary.header
@@ -589,6 +597,8 @@ def page(summary: RunSummary) -> str:
         ("hypothesis profile", h.hypothesis_profile + (f", seed {h.hypothesis_seed}" if h.hypothesis_seed else "")),
         ("written", h.time),
     ]
+    if h.replayed:
+        facts.append(("layout replayed from", h.replayed[0]))
     gates = summary.ordered_gates()
     why = unjudged_reason(summary) if names_candidate(h) else ""
     parts = [
@@ -600,6 +610,7 @@ def page(summary: RunSummary) -> str:
         + "</dl>"
         + _outcomes(summary)
         + (f'<p class="unjudged">NOT JUDGED: {_e(why)}</p>' if why else "")
+        + _replayed(h)
         + "</header><main>",
     ]
     if gates:  # a run where no gate ran a case has said so in its outcome line

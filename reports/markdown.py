@@ -70,6 +70,9 @@ def to_markdown(summary: RunSummary) -> str:
         if f.reproduce:
             lines += ["", f"reproduce: `{f.reproduce}`"]
     lines += ["", f"_{GATE_LEGEND}_"]
+    if summary.header.replayed:
+        lines += ["", "Layout replayed (`--layout-from`), what was kept:", ""]
+        lines += [f"- {_cell(line)}" for line in summary.header.replayed]
     layouts = layout_rows(summary)
     if layouts:
         lines += ["", "Cases per layout family:", "", *_table(("gate", "layouts"), layouts, set())]

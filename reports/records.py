@@ -156,6 +156,9 @@ class Header(Record):
     probed: tuple[str, ...] = ()
     #: the engine the engine gates judged (``--engine``); the session then judged no candidate
     engine: str = ""
+    #: a replayed capture (``--layout-from``): the file, then what each mesh and parameter kept
+    #: and did not (``harness.replay``)
+    replayed: tuple[str, ...] = ()
 
     def fields_json(self) -> dict[str, Any]:
         return {"schema": self.schema, **super().fields_json()}  # readers dispatch on it: always written

@@ -393,4 +393,10 @@ def title(h: Header) -> str:
         + (f"engine {h.engine}" if h.engine else f"candidate {h.impl or '?'}")
         + (f", kernel {h.kernel}" if h.kernel else "")
         + (", judged against itself on one device" if h.against == "self" else "")
+        + (f", replaying the layout of {replayed_file(h)}" if h.replayed else "")
     )
+
+
+def replayed_file(h: Header) -> str:
+    """The capture a session replayed (``--layout-from``): its summary line starts with the path."""
+    return h.replayed[0].split(": ", 1)[0] if h.replayed else ""

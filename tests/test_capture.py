@@ -11,6 +11,8 @@ import pytest
 from support import REPO, repo_env, run_python
 
 from harness.capture import SCHEMA, VERSION, CaptureError, load_capture
+from harness.layouts import FSDP, FSDP_TP
+from harness.replay import replay
 
 JOB = REPO / "examples" / "capture_job.py"
 
@@ -46,6 +48,16 @@ def test_a_torchrun_job_captures_every_ranks_piece_and_no_weights(tmp_path: Path
     assert tp["0.weight"]["placements"] == ["_StridedShard(dim=0, sf=2)", "Shard(dim=0)"], "FSDP2 over TP's colwise"
     assert tp["2.weight"]["placements"] == ["Shard(dim=0)", "Shard(dim=1)"], "FSDP2 over TP's rowwise"
     assert sum(r["local_shape"][0] for r in tp["2.weight"]["ranks"]) == 2 * 3, "each row on the two tp ranks"
+
+    # replayed as captured: the families and styles muongate's builders give exactly these pieces
+    (fsdp,) = replay(two, nproc=2).meshes
+    assert fsdp.case.layout is FSDP and [p.shape for p in fsdp.case.params] == [(8, 10), (3, 8), (8,), (3,)]
+    replayed = replay(four, nproc=4)
+    (both,) = replayed.meshes
+    assert both.case.layout is FSDP_TP and both.case.mesh == (2, 2) and both.case.tp == 2
+    assert [(p.name, p.style) for p in both.case.params] == [("p0_weight", "colwise"), ("p2_weight", "rowwise"),
+                                                             ("p2_bias", "colwise")]  # fmt: skip
+    assert any(line.startswith("0.bias: not replayed: fsdp×tp does not lay out a 1-D") for line in replayed.lines)
 
 
 def _write(tmp_path: Path, data: object) -> Path:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from xml.etree import ElementTree
 
 import pytest
-from support import run_pytest
+from support import REPO, run_pytest
 
 GATE_FILE = """
 import pytest
@@ -65,6 +65,13 @@ BAD_OPTIONS = [
     (["--impl", "nowhere:muon"], {}, "ERROR: --impl nowhere:muon: No module named 'nowhere' on sys.path (*"),
     (["--kernel", "reference"], {}, "ERROR: --kernel reference: 'reference' is not of the form MODULE:NAME*"),
     (["--gate-baseline", "missing.json"], {}, "ERROR: --gate-baseline missing.json: *expected the figures.json*"),
+    (["--layout-from", "missing.json"], {}, "ERROR: --layout-from missing.json: cannot be read: No such file*"),
+    (["--layout-from", "conftest.py"], {}, "ERROR: --layout-from conftest.py: not JSON (*"),
+    (
+        ["--layout-from", str(REPO / "examples" / "captures" / "llama-fsdp16.json"), "--nproc", "1"],
+        {},
+        "ERROR: --layout-from */llama-fsdp16.json: nothing of it can be replayed: mesh [[]16]: not replayed: a split on each *--nproc 2 or more",
+    ),
     (
         ["--reference", "reference:AdamW"],
         {},

@@ -19,6 +19,7 @@ from harness.layouts import DRAWN, Layout
 
 if TYPE_CHECKING:
     from harness.algorithms import Algorithm
+    from harness.replay import Replay
 
 Settings = tuple[tuple[str, Any], ...]
 
@@ -349,6 +350,34 @@ def layout_cases(
             tp=tp,
             ep=ep,
             reference=algorithm.in_case,
+        )
+
+    return draw_case()
+
+
+def replay_cases(replay: Replay, *, max_steps: int = 3, algorithm: Algorithm | None = None) -> st.SearchStrategy[Case]:
+    """The cases of a replayed capture (``harness.replay``): one of its meshes, exactly as the
+    replay laid it out, with the settings the file fixes; the values (the seed), the steps, the
+    mode and every other setting drawn. Shrinks towards the first mesh, one step, the defaults."""
+    from harness.algorithms import MUON
+
+    algorithm = algorithm or MUON
+    meshes, settings_drawn, steps_drawn = (
+        st.sampled_from(replay.meshes),
+        settings_of(algorithm),
+        st.integers(1, max_steps),
+    )
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        replayed = draw(meshes)
+        settings = {**dict(draw(settings_drawn)), **dict(replayed.fixed)}
+        return replace(
+            replayed.case,
+            seed=draw(_SEEDS),
+            steps=draw(steps_drawn),
+            mode=draw(_MODES) if algorithm.orthogonalizes else None,
+            settings=tuple(settings.items()),
         )
 
     return draw_case()

@@ -74,6 +74,7 @@ _ALGORITHM = pytest.StashKey[Any]()
 _KERNEL = pytest.StashKey[Any]()
 _MODEL = pytest.StashKey[Any]()
 _ENGINE = pytest.StashKey[Any]()
+_REPLAY = pytest.StashKey[Any]()
 _BASELINE = pytest.StashKey[Any]()
 _BASELINE_DIFF = pytest.StashKey[Any]()
 _DEVICES = pytest.StashKey[tuple[str, list[str]]]()
@@ -194,7 +195,7 @@ def _says_it_runs_gates(config: pytest.Config) -> bool:
         return True
     if any(
         config.getoption(name) is not None
-        for name in ("nproc", "impl", "engine", "reference", "kernel", "model", "rank_threads")
+        for name in ("nproc", "impl", "engine", "reference", "kernel", "model", "rank_threads", "layout_from")
     ):
         return True
     for arg in config.args:
@@ -300,6 +301,7 @@ def _tell_gates(config: pytest.Config) -> None:
             algorithm=config.stash.get(_ALGORITHM, None),
             thresholds=thresholds,
             engine=config.stash.get(_ENGINE, None),
+            replay=config.stash.get(_REPLAY, None),
         )
     )
 
@@ -343,6 +345,7 @@ def _resolve(config: pytest.Config) -> None:
     if config.stash[_IMPL] is not None:
         config.stash[_IMPL] = config.stash[_IMPL].judged_against(config.stash[_ALGORITHM])
     config.stash[_ENGINE] = _engine(config)
+    config.stash[_REPLAY] = _replay(config)
     _tell_gates(config)
     config.stash[_KERNEL] = _kernel(config)
     config.stash[_MODEL] = _model(config)
@@ -410,11 +413,13 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     stream = ResultStream(os.path.join(directory, name) if writes_report else None)
     timeout = config.getoption("case_timeout")
     pool: RankPool | LauncherGroup
+    replay = config.stash[_REPLAY]
+    grids = replay.grids if replay is not None else ()
     if torchrun:
-        pool = LauncherGroup(backend=backend, device=devices[0], timeout_s=timeout)
+        pool = LauncherGroup(backend=backend, device=devices[0], timeout_s=timeout, grids=grids)
     else:
         threads = config.getoption("rank_threads")
-        pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout, threads=threads)
+        pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout, threads=threads, grids=grids)
     tty = terminal() if writes_report else None
     progress = CaseProgress.start(tty) if tty is not None else None
     impl, kernel = config.stash[_IMPL], config.stash[_KERNEL]
@@ -427,6 +432,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         model=config.getoption("model"),
         engine=config.getoption("engine"),
         reference=config.getoption("reference"),
+        layout_from=str(replay.capture.path.resolve()) if replay is not None else None,
     )
     runner = GateRunner(
         pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun
@@ -444,6 +450,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
             kernel=kernel.spec if kernel else None,
             against=against,
             engine=config.stash[_ENGINE].spec if config.stash.get(_ENGINE, None) else "",
+            replayed=replay.lines if replay is not None else (),
         )
     )
     config.stash[_RUNNER] = runner
@@ -480,6 +487,25 @@ def _engine(config: pytest.Config) -> Any:
             "--engine with --impl: the engine gates judge the engine's own optimizer, the others the candidate; use one"
         )
     return _load_plugin(config, "engine", LoadedEngine.load, "MODULE:FACTORY")
+
+
+def _replay(config: pytest.Config) -> Any:
+    """``--layout-from FILE`` as the cases the replay gate runs (``harness.replay``); a file that
+    cannot be read, or of which nothing can be replayed, is a usage error naming why."""
+    from harness.capture import CaptureError, load_capture
+    from harness.replay import replay
+
+    path = config.getoption("layout_from")
+    if path is None:
+        return None
+    try:
+        capture = load_capture(path)
+    except CaptureError as e:
+        raise pytest.UsageError(f"--layout-from {e}") from None
+    replayed = replay(capture, nproc=config.stash[_NPROC], algorithm=config.stash[_ALGORITHM])
+    if not replayed.meshes:
+        raise pytest.UsageError(f"--layout-from {path}: nothing of it can be replayed: {'; '.join(replayed.lines[1:])}")
+    return replayed
 
 
 def _algorithm(config: pytest.Config) -> Any:

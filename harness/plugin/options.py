@@ -75,6 +75,14 @@ def add_options(parser: pytest.Parser) -> None:
         "comparison and the training twins (the contract is in harness/models/plugin.py and the README).",
     )
     group.addoption(
+        "--layout-from",
+        metavar="FILE",
+        default=None,
+        help="also replay the layout a job captured (harness.capture): the replay gate runs the optimizer on "
+        "exactly its parameters and placements, on a reduced mesh that keeps their pieces where the job had more "
+        "ranks than --nproc; the report's header says what was kept.",
+    )
+    group.addoption(
         "--kernel",
         metavar="MODULE:FN",
         default=None,
