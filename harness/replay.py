@@ -272,12 +272,24 @@ def _mesh_case(
 ) -> Replayed | None:
     where = f"mesh {list(mesh)}"
     families = _FAMILIES.get(len(mesh), ())
-    scored = [(sum(_match(f, p, pl, mesh) is not None for p, pl in params), -i, f) for i, f in enumerate(families)]
+    # on a tie (a 1-D mesh of row-split matrices is FSDP2's and TP's alike; matrices alone are
+    # HSDP's and expert parallelism's alike), the mesh's dim names decide: muongate's own, then a "tp"
+    names = tuple(params[0][0]["layout"]["mesh"].get("dim_names") or ())
+    scored = [
+        (
+            sum(_match(f, p, pl, mesh) is not None for p, pl in params),
+            names == f.dims,
+            ("tp" in names) == ("tp" in f.dims),
+            -i,
+            f,
+        )
+        for i, f in enumerate(families)
+    ]
     if not scored or max(scored)[0] == 0:
         names = ", ".join(p["name"] for p, _ in params)
         notes.append(f"{where}: not replayed: no muongate layout lays {names} out as captured")
         return None
-    family = max(scored)[2]
+    family = max(scored)[-1]
     world = math.prod(mesh)
     target = mesh if world <= nproc else _smaller_mesh(mesh, nproc)
     if target is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +177,54 @@ def test_a_session_replays_a_captured_layout_and_its_report_says_what_it_kept(py
     assert "mesh [16] (fsdp) of 16 ranks: on mesh [2], 2 ranks" in markdown
     assert "| replay | candidate | bitwise |" in markdown, "the candidate judged, bit for bit, on the replay"
     result.stdout.fnmatch_lines(["*replay:PastFirstBucketMuon*yes*"])
+
+
+def _round_trip(pool: Any, case: Any) -> None:
+    """The case built by the gates' own builders, captured, replays as that case."""
+    from harness.tasks import selftest as selftest_tasks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "layout.json")
+        ran = pool.run(selftest_tasks.layout_capture, (case, str(path)), world_size=case.world_size)
+        assert ran.ok, ran.failure.describe()
+        replayed = replay(load_capture(path), nproc=pool.nproc)
+    (only,) = replayed.meshes
+    assert (only.case.layout, only.case.mesh, only.case.tp, only.case.ep) == (case.layout, case.mesh, case.tp, case.ep)
+    theirs = {p.name.removesuffix("_weight"): (p.shape, p.dtype, p.use_muon) for p in only.case.params}
+    assert theirs == {p.name: (p.shape, p.dtype, p.use_muon) for p in case.params}, replayed.lines
+    if case.tp > 1:
+        styles = {p.name.removesuffix("_weight"): p.style for p in only.case.params if len(p.shape) == 2}
+        assert styles == {p.name: p.style for p in case.params if len(p.shape) == 2}
+
+
+@pytest.fixture(scope="module")
+def pool() -> Any:
+    from harness.ranks import RankPool
+
+    with RankPool(4) as ranks:
+        yield ranks
+
+
+@pytest.fixture(scope="module")
+def pool8() -> Any:
+    from harness.ranks import RankPool
+
+    with RankPool(8) as ranks:
+        yield ranks
+
+
+@given(case=layout_cases(max_world=4, min_world=1, max_params=3))
+@settings(max_examples=30, deadline=None)
+def test_a_capture_of_muongates_own_layouts_replays_as_the_case_that_built_them(pool: Any, case: Any) -> None:
+    """Round trip at 1 to 4 ranks, every family drawn there (FSDP2, TP, FSDP2 × TP, HSDP, EP)."""
+    _round_trip(pool, case)
+
+
+@pytest.mark.slow
+@given(case=layout_cases(max_world=8, min_world=8, max_params=3))
+@settings(max_examples=30, deadline=None)
+def test_a_capture_of_muongates_own_layouts_at_eight_ranks_replays_as_the_case_that_built_them(
+    pool8: Any, case: Any
+) -> None:
+    """The same at 8 ranks: HSDP × TP on a 3-D mesh, and the 2-D families at 8."""
+    _round_trip(pool8, case)

@@ -194,3 +194,20 @@ def subgroups_cross(ctx: RankContext, payload: Any) -> int:
     else:
         dist.all_reduce(torch.ones(1, device=ctx.device), group=row)
     return ctx.rank
+
+
+def layout_capture(ctx: RankContext, payload: tuple[Any, str]) -> bool:
+    """A layout case built as the optimizer task builds it, its Muon and AdamW groups given to an
+    optimizer, and the whole captured (``harness.capture``) to the file ``payload`` names."""
+    import torch
+
+    from harness.capture import capture
+    from harness.tasks.common import mesh_for, param_groups
+    from harness.tasks.layouts import build_model, case_param
+
+    case, path = payload
+    tensors = [torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in case.params]
+    model = build_model(case, tensors, mesh_for(ctx, case.mesh, layout=case.layout))
+    groups = param_groups((s.name, case_param(model, s.name), s.use_muon) for s in case.params)
+    capture(model, torch.optim.SGD(groups, lr=0.1), path, group=ctx.group)
+    return True
