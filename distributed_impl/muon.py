@@ -39,6 +39,7 @@ from reference import (
     lr_scale,
     momentum_update,
     param_names,
+    unit_shape,
 )
 
 Mode = Literal["all_ranks", "owner_split"]
@@ -65,7 +66,10 @@ class ShardedMuon(Muon):
 
     #: what it declares when it is itself the ``--impl`` candidate (every layout family): the
     #: fields of ``harness.candidates.Candidate`` as a dict, since this package imports no harness
-    muongate: ClassVar[dict[str, Any]] = {"layouts": {"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"}}
+    muongate: ClassVar[dict[str, Any]] = {
+        "layouts": {"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"},
+        "features": {"adamw", "experts", "bf16", "checkpoint", "fully_shard", "heads"},
+    }
 
     def __init__(
         self,
@@ -138,7 +142,7 @@ class ShardedMuon(Muon):
         produce = self._producer(group)
 
         def apply(p: DTensor, ortho: Tensor) -> None:
-            scaled_lr = group["lr"] * lr_scale(p.shape, group["adjust_lr_fn"])  # the global shape
+            scaled_lr = group["lr"] * lr_scale(unit_shape(p.shape, group), group["adjust_lr_fn"])  # the global shape
             apply_update(p.to_local(), ortho, group["lr"], group["weight_decay"], scaled_lr)
 
         if self.mode == "owner_split":

@@ -29,6 +29,7 @@ from reference import (
     group_orthogonalizer,
     lr_scale,
     momentum_update,
+    unit_shape,
 )
 from reference.normuon import (
     divided_by,
@@ -88,7 +89,7 @@ class PlantedMuon(Muon):
         return local_piece(ns(full), p)
 
     def scale(self, p: DTensor, group: dict[str, Any]) -> float:
-        return lr_scale(p.shape, group["adjust_lr_fn"])
+        return lr_scale(unit_shape(p.shape, group), group["adjust_lr_fn"])
 
     def apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
         apply_update(local, ortho, group["lr"], group["weight_decay"], scaled_lr)
@@ -295,6 +296,44 @@ class PastFirstBucketMuon(PlantedMuon):
                 grad.copy_(grad.flatten().roll(1).view_as(grad))
             self._offset += cast(DTensor, p).to_local().numel()
         super()._group_step(params, group)
+
+
+# -- per-head Newton–Schulz (``ns_heads``): a head is the unit, wherever the shards cut ----------
+class LocalHeadsMuon(PlantedMuon):
+    """Orthogonalizes the rows it holds, without a gather, as ``ns_heads`` heads, wherever they
+    divide into that many: the head count does not follow the split (under AutoTP a stale head
+    count made Newton–Schulz run on half-heads)."""
+
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        heads = self._heads
+        rows = update.shape[-2]
+        if update.shape[-1] == p.shape[-1] and 0 < rows < p.shape[-2] and rows % heads == 0:
+            return cast(Tensor, ns(update))
+        return super().orthogonalized_piece(update, p, ns)
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        self._heads = group.get("ns_heads", 1)
+        super()._muon_step(p, grad, state, group)
+
+
+class ShardNormHeadsMuon(PlantedMuon):
+    """Scales the rows it holds by one factor from their own norm before the gather: one factor
+    for every row of its piece, across the head boundaries inside it (under FSDP2, a shard
+    spanning a block boundary applied one blended factor to all its rows). The factor is a power
+    of two, which a head that one piece holds whole does not see under ``eps_form="clamp"``
+    (Newton–Schulz divides by the head's norm exactly then): only a head that two pieces share,
+    each scaled by its own factor, comes out otherwise."""
+
+    def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
+        _, exponent = math.frexp(float(update.float().norm()))
+        return super().orthogonalized_piece(update * math.ldexp(1.0, -exponent), p, ns)
+
+
+#: the per-head gate's negative controls
+HEAD_CONTROLS: dict[str, type[PlantedMuon]] = {
+    "LocalHeadsMuon": LocalHeadsMuon,
+    "ShardNormHeadsMuon": ShardNormHeadsMuon,
+}
 
 
 #: the layout gate's negative controls, and the fewest ranks each needs to show

@@ -274,12 +274,12 @@ def _mesh_case(
     families = _FAMILIES.get(len(mesh), ())
     # on a tie (a 1-D mesh of row-split matrices is FSDP2's and TP's alike; matrices alone are
     # HSDP's and expert parallelism's alike), the mesh's dim names decide: muongate's own, then a "tp"
-    names = tuple(params[0][0]["layout"]["mesh"].get("dim_names") or ())
+    dims = tuple(params[0][0]["layout"]["mesh"].get("dim_names") or ())
     scored = [
         (
             sum(_match(f, p, pl, mesh) is not None for p, pl in params),
-            names == f.dims,
-            ("tp" in names) == ("tp" in f.dims),
+            dims == f.dims,
+            ("tp" in dims) == ("tp" in f.dims),
             -i,
             f,
         )

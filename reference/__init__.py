@@ -17,6 +17,7 @@ from reference.muon import (
     orthogonalize,
     orthogonalize_batch,
     param_names,
+    unit_shape,
     validate_settings,
 )
 from reference.normuon import NORMUON_DEFAULTS, NorMuon, normalize_neurons, second_moment_shape
@@ -50,6 +51,7 @@ __all__ = [
     "param_names",
     "quantized",
     "second_moment_shape",
+    "unit_shape",
     "validate_adafactor_settings",
     "validate_adamw_settings",
     "validate_settings",

@@ -51,9 +51,17 @@ Newton–Schulz normalization (``ns_normalize``)
     ``"ns_dtype"`` (default): the update is cast to the Newton–Schulz dtype, then divided by
     its norm there. ``"input"``: divided by its norm in its own dtype (float32), then cast
     (DeepSpeed 0.19.8's Gram form, so that a large fp32 update cannot overflow fp16 first).
+the unit Newton–Schulz orthogonalizes (``ns_heads``)
+    ``1`` (default): each matrix whole. ``h > 1``: each matrix's rows are ``h`` heads of equal
+    size, each orthogonalized on its own (per-head Muon for the Q, K and V projections of
+    torchtitan's Kimi and Moonlight recipes and DeepSpeed's ``per_head_muon``; ``h = 2`` is a
+    fused gate/up projection split in its halves), and the lr scale is a head's shape's. A
+    group with ``h > 1`` takes only matrices whose rows ``h`` divides. A Muon group holds it
+    only where it was given, as the forms above.
 lr scale (``adjust_lr_fn``)
     ``"original"``: lr·√max(1, rows/cols); ``"match_rms_adamw"``: lr·0.2·√max(rows, cols)
-    (Moonshot); ``"none"``: lr. Rows and cols are the *global* matrix shape, never a shard's.
+    (Moonshot); ``"none"``: lr. Rows and cols are the *global* matrix shape (a head's, with
+    ``ns_heads``), never a shard's.
 where the lr scale applies (``lr_scale_on``)
     ``"lr"`` (default): ``p ← p − (lr·scale)·update``. ``"update"``: the orthogonalized update
     is multiplied by the scale in its own (Newton–Schulz) dtype, rounded there, and the step
@@ -302,12 +310,25 @@ def orthogonalize_batch(
 
 
 def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None = None) -> Callable[[Tensor], Tensor]:
-    """``matrix -> fn(matrix, …)`` with a param group's Newton–Schulz settings (``fn``: ``orthogonalize``)."""
+    """``matrix -> fn(matrix, …)`` with a param group's Newton–Schulz settings (``fn``: ``orthogonalize``);
+    with ``ns_heads`` above 1, ``fn`` takes the stack of every head of every matrix (``[n, rows / ns_heads,
+    cols]``), and the result is laid back as the input was."""
     kernel = orthogonalize if fn is None else fn
     # only where they are not the defaults, so that a kernel of the older signature still runs
     forms = {k: group[k] for k in ("ns_form", "ns_normalize") if form_of(group, k) != FORM_DEFAULTS[k]}
+    heads = form_of(group, "ns_heads")
 
     def run(matrix: Tensor) -> Tensor:
+        if heads == 1:
+            return whole(matrix)
+        rows, cols = matrix.shape[-2:]
+        if rows % heads:
+            raise ValueError(
+                f"ns_heads={heads} does not divide the {rows} rows of a matrix of shape {tuple(matrix.shape)}"
+            )
+        return whole(matrix.reshape(-1, rows // heads, cols)).reshape(matrix.shape)
+
+    def whole(matrix: Tensor) -> Tensor:
         return kernel(
             matrix,
             group["ns_steps"],
@@ -319,6 +340,14 @@ def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None
         )
 
     return run
+
+
+def unit_shape(shape: Sequence[int], group: dict[str, Any]) -> tuple[int, ...]:
+    """The shape of what Newton–Schulz orthogonalizes one at a time in a matrix of global
+    ``shape``: a head, ``(rows / ns_heads, cols)``, or the whole matrix. Its lr scale is this
+    shape's (``lr_scale``)."""
+    heads = form_of(group, "ns_heads")
+    return (*shape[:-2], shape[-2] // heads, shape[-1]) if heads > 1 else tuple(shape)
 
 
 def lr_scale(shape: Sequence[int], adjust_lr_fn: LrAdjust) -> float:
@@ -461,6 +490,9 @@ def validate_settings(group: dict[str, Any]) -> None:
     ):
         if form_of(group, name) not in get_args(kind):
             raise bad(name, f"is not one of {get_args(kind)}")
+    heads = form_of(group, "ns_heads")
+    if not (isinstance(heads, int) and not isinstance(heads, bool) and heads >= 1):
+        raise bad("ns_heads", "must be an int of at least 1")
     if not (isinstance(group["ns_steps"], int) and 0 <= group["ns_steps"] < 100):
         raise bad("ns_steps", "must be an int in [0, 100)")
     if not group["eps"] > 0:
@@ -497,7 +529,9 @@ MUON_DEFAULTS: dict[str, Any] = dict(
 #: the reference's own. ``reference.Muon`` takes them, but they are not in ``MUON_DEFAULTS``
 #: (``Muon.DEFAULTS``), which is what every candidate is handed and the gates draw from: a
 #: param group holds one only where it was given.
-FORM_DEFAULTS: dict[str, Any] = dict(ns_form="addmm", ns_normalize="ns_dtype", lr_scale_on="lr", adamw_form="torch")
+FORM_DEFAULTS: dict[str, Any] = dict(
+    ns_form="addmm", ns_normalize="ns_dtype", lr_scale_on="lr", adamw_form="torch", ns_heads=1
+)
 
 
 def form_of(group: dict[str, Any], name: str) -> Any:
@@ -567,9 +601,9 @@ class Muon(torch.optim.Optimizer):
     DEFAULTS: ClassVar[dict[str, Any]] = MUON_DEFAULTS
     #: the gates' claims that hold for this family alone: its update is Newton–Schulz's (the
     #: gathered and owner-split modes, the causes of difference), beside AdamW groups, with the
-    #: norm's bf16 ties and the output's spectrum; ``harness.algorithms`` reads them
+    #: norm's bf16 ties and the output's spectrum, and per-head (``ns_heads``); ``harness.algorithms`` reads them
     CLAIMS: ClassVar[frozenset[str]] = frozenset(
-        {"newton_schulz", "hybrid_groups", "bf16_norm_ties", "oracle_spectrum", "tier:causes"}
+        {"newton_schulz", "hybrid_groups", "bf16_norm_ties", "oracle_spectrum", "tier:causes", "heads"}
     )
     #: the optimizer's name in the engine contract (``harness.engines``)
     ENGINE_NAME: ClassVar[str | None] = "muon"
@@ -587,8 +621,14 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, {**defaults, **settings})
         for gi, group in enumerate(self.param_groups):
             type(self).VALIDATE(group)
+            heads = form_of(group, "ns_heads")
             for name, p in zip(param_names(group, gi), group["params"], strict=True):
                 self._check_param(name, p, group["use_muon"])
+                if group["use_muon"] and p.shape[-2] % heads:
+                    raise ValueError(
+                        f"parameter {name!r} of shape {tuple(p.shape)}: ns_heads={heads} does not divide its "
+                        f"{p.shape[-2]} rows into heads of equal size"
+                    )
 
     def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
         """Raises ``ValueError`` naming a parameter this optimizer cannot take."""
@@ -640,7 +680,7 @@ class Muon(torch.optim.Optimizer):
         """The update from Newton–Schulz's output of a matrix of global ``shape``, and the factor
         the lr is multiplied by: the output itself and Muon's lr scale (a family that does more
         with the output, NorMuon, does it here, with ``state``)."""
-        return ortho, lr_scale(shape, group["adjust_lr_fn"])
+        return ortho, lr_scale(unit_shape(shape, group), group["adjust_lr_fn"])
 
     @staticmethod
     def _adamw_step(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:

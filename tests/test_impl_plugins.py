@@ -449,7 +449,7 @@ def test_a_candidate_that_needs_every_gradient_gets_one_on_every_step_and_the_pr
     assert "idle grad=none → a gradient on every step (needs_every_grad)" in ran.narrowed
     assert impl.missing({MISSING_GRADS, "checkpoint"}) == [MISSING_GRADS]
     probing = impl.probing()
-    assert probing.probed == (MISSING_GRADS,)
+    assert probing.probed == ("heads", MISSING_GRADS), "heads is named, never assumed"
     assert [p.grad for p in probing.adapt(case).params] == ["normal", "none", "late"]
     checkpoint = probing.probing_only({"checkpoint"})
     assert checkpoint is probing  # declared: nothing of the claim is probed, so all is

@@ -13,8 +13,11 @@ reference's own Newton–Schulz and getting torch's bits exactly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+from torch import Tensor
 
 from harness.cases.tensors import spectrum_matrix
 from reference import Muon, orthogonalize
@@ -195,3 +198,61 @@ def test_float16_newton_schulz_is_taken_with_a_gram_form_and_lr_scale_on_update_
     assert torch.isfinite(ours).all() and not torch.equal(ours, scaled_lr)  # √(9/4) rounded in fp16 first
     with pytest.raises(ValueError, match="ns_form='gramm' is not one of"):
         Muon([torch.zeros(3, 3, requires_grad=True)], ns_form="gramm")
+
+
+# -- the unit Newton–Schulz orthogonalizes: heads (``ns_heads``) ---------------------------------
+
+
+def _heads_stepped(shape: tuple[int, ...], heads: int, steps: int = 3, **settings: Any) -> tuple[Tensor, Tensor]:
+    """One matrix stepped with ``ns_heads=heads``, and each head of it stepped as a matrix of its
+    own (the same gradients, rows by rows, in a group without heads), laid back together."""
+    torch.manual_seed(7)
+    p0, grads = torch.randn(shape), [torch.randn(shape) for _ in range(steps)]
+    whole = torch.nn.Parameter(p0.clone())
+    rows = shape[-2] // heads
+    pieces = [torch.nn.Parameter(p0[..., h * rows : (h + 1) * rows, :].clone()) for h in range(heads)]
+    a = Muon([{"params": [whole], "use_muon": True, "ns_heads": heads}], **settings)
+    b = Muon([{"params": pieces, "use_muon": True}], **settings)
+    for g in grads:
+        whole.grad = g.clone()
+        for h, piece in enumerate(pieces):
+            piece.grad = g[..., h * rows : (h + 1) * rows, :].clone()
+        a.step()
+        b.step()
+    return whole.detach(), torch.cat([piece.detach() for piece in pieces], dim=-2)
+
+
+@pytest.mark.parametrize(
+    ("shape", "heads"), [((12, 8), 3), ((8, 12), 2), ((6, 4), 6), ((2, 10, 6), 2), ((16, 16), 4), ((9, 5), 1)]
+)
+@pytest.mark.parametrize("adjust_lr_fn", ["original", "match_rms_adamw"])
+def test_each_head_steps_as_a_matrix_of_its_own_with_its_own_lr_scale(
+    shape: tuple[int, ...], heads: int, adjust_lr_fn: str
+) -> None:
+    # tall heads of a wide matrix (8, 12 in heads of 4 rows), 1-row heads, a stack of experts
+    per_head, separate = _heads_stepped(shape, heads, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn)
+    assert torch.equal(per_head.view(torch.int32), separate.view(torch.int32)), "the same bits"
+
+
+def test_heads_change_the_update_and_one_head_is_the_whole_matrix() -> None:
+    whole, _ = _heads_stepped((12, 8), 1)
+    two, _ = _heads_stepped((12, 8), 2)
+    assert not torch.equal(whole, two)
+    torch.manual_seed(7)
+    p0, grads = torch.randn(12, 8), [torch.randn(12, 8) for _ in range(3)]
+    assert torch.equal(_run(Muon, p0, grads)[0], _run(Muon, p0, grads, ns_heads=1)[0])
+
+
+@pytest.mark.parametrize(
+    ("heads", "shape", "message"),
+    [
+        (3, (10, 8), r"'group0.param0' of shape \(10, 8\): ns_heads=3 does not divide its 10 rows"),
+        (0, (9, 8), "ns_heads=0 must be an int of at least 1"),
+        (2.0, (8, 8), "ns_heads=2.0 must be an int of at least 1"),
+    ],
+)
+def test_heads_that_do_not_divide_the_rows_are_refused_naming_the_parameter(
+    heads: Any, shape: tuple[int, int], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Muon([{"params": [torch.nn.Parameter(torch.zeros(shape))], "ns_heads": heads}])

@@ -22,8 +22,9 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     take, makes every gate skip, naming it; nothing is compared silently.
 ``features``
     which of ``adamw`` (Muon's AdamW groups), ``experts`` (3-D parameters), ``bf16``,
-    ``checkpoint``, ``fully_shard`` (with ``shard`` only) it supports; default all. Cases are
-    narrowed to them and every narrowing is reported. A parameter without a gradient is not a
+    ``checkpoint``, ``fully_shard`` (with ``shard`` only) and ``heads`` (per-head Newton–Schulz,
+    the reference's ``ns_heads``) it supports; default all but ``heads``, which a candidate
+    names to be judged on it. Cases are narrowed to them and every narrowing is reported. A parameter without a gradient is not a
     feature: every candidate meets one, unless it declares ``needs_every_grad``.
 ``needs_every_grad``
     ``True`` where its package refuses, by its stated contract, a step while any parameter's
@@ -87,7 +88,10 @@ from harness.layouts import DECLARABLE
 
 F = TypeVar("F")
 
-FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "fully_shard"})
+FEATURES = frozenset({"adamw", "experts", "bf16", "checkpoint", "fully_shard", "heads"})
+#: what a candidate that declares no ``features`` supports: every feature but those a candidate
+#: must name, because they arrived after the adapters were written (``heads``)
+DEFAULT_FEATURES = FEATURES - {"heads"}
 #: by their one spelling in code (``harness.layouts``)
 LAYOUTS = DECLARABLE
 TIERS = frozenset({"gram_partial"})
@@ -113,7 +117,7 @@ class Candidate:
 
     reference: Any = None
     conventions: Mapping[str, Any] = field(default_factory=dict)
-    features: Iterable[str] = FEATURES
+    features: Iterable[str] = DEFAULT_FEATURES
     layouts: Iterable[str] = frozenset()
     tiers: Iterable[str] = frozenset()
     differences: Iterable[str] = frozenset()

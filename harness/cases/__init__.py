@@ -11,6 +11,7 @@ from harness.cases.case import (
 )
 from harness.cases.strategies import (
     cases,
+    heads_cases,
     layout_cases,
     matrix_shapes,
     muon_settings,
@@ -29,6 +30,7 @@ __all__ = [
     "ReshardCase",
     "candidate_name",
     "cases",
+    "heads_cases",
     "layout_cases",
     "matrix_shapes",
     "muon_settings",

@@ -355,6 +355,30 @@ def layout_cases(
     return draw_case()
 
 
+def heads_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 3) -> st.SearchStrategy[Case]:
+    """Cases of per-head Newton–Schulz (``reference.Muon``'s ``ns_heads``): FSDP2 on 1 to
+    ``max_world`` ranks and every layout family ``layout_cases`` draws, each Muon matrix's rows
+    made ``ns_heads`` heads of 1 to 8 rows, so that a head boundary falls on or inside a shard, a
+    head is smaller than a shard or a shard smaller than a head. Shrinks towards two heads of one
+    row each on one rank."""
+    bases = st.one_of(
+        cases(max_world=max_world, max_params=max_params, max_steps=max_steps),
+        layout_cases(max_world=max_world, min_world=min(2, max_world), max_params=max_params, max_steps=max_steps),
+    )
+    heads_drawn, rows_drawn = st.integers(2, 4), st.integers(1, 8)
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        base, heads = draw(bases), draw(heads_drawn)
+        params = tuple(
+            p._replace(shape=(*p.shape[:-2], heads * draw(rows_drawn), p.shape[-1])) if p.use_muon else p
+            for p in base.params
+        )
+        return replace(base, params=params, settings=(*base.settings, ("ns_heads", heads)))
+
+    return draw_case()
+
+
 def replay_cases(replay: Replay, *, max_steps: int = 3, algorithm: Algorithm | None = None) -> st.SearchStrategy[Case]:
     """The cases of a replayed capture (``harness.replay``): one of its meshes, exactly as the
     replay laid it out, with the settings the file fixes; the values (the seed), the steps, the
