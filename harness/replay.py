@@ -206,7 +206,7 @@ def _settings(capture: Capture, algorithm: Algorithm, notes: list[str]) -> tuple
     for key, value in group.items():
         if key not in defaults or key == "use_muon":
             continue
-        value = _tupled(stored_setting(key, value.removeprefix("torch.") if isinstance(value, str) else value))
+        value = _tupled(stored_setting(key, value))  # a dtype by name, a list as the tuple it was
         try:
             algorithm.factory([nn.Parameter(torch.zeros(2, 2))], **optimizer_settings({**defaults, key: value}.items()))
         except (ValueError, TypeError, AttributeError) as e:
@@ -304,7 +304,7 @@ def _mesh_case(
     taken: set[str] = set()
     specs = []
     for p, placements in params:
-        spec = _param(p, placements, family, mesh, ranks, target, tp, algorithm, taken, notes)
+        spec = _param(p, placements, family, mesh, ranks, target, algorithm, taken, notes)
         if spec is not None:
             specs.append(spec)
     if not specs:
@@ -324,7 +324,6 @@ def _param(
     mesh: tuple[int, ...],
     ranks: tuple[int, ...],
     target: tuple[int, ...],
-    tp: int,
     algorithm: Algorithm,
     taken: set[str],
     notes: list[str],
@@ -332,7 +331,7 @@ def _param(
     """One captured parameter as a ``ParamSpec`` on ``target``, or why not (into ``notes``)."""
     name, shape = p["name"], tuple(p["shape"])
     style = _match(family, p, placements, mesh)
-    said = ", ".join(f"{k}" for k in p["layout"]["placements"])
+    said = ", ".join(p["layout"]["placements"])
     if style is None:
         notes.append(f"{name}: not replayed: {family.title} does not lay out a {len(shape)}-D parameter as ({said})")
         return None
@@ -356,7 +355,7 @@ def _param(
     new = shape
     if target != mesh:
         new = tuple(
-            _resized(d, shape, placements, mesh, ranks, captured, target, style, family, tp, name, notes)
+            _resized(d, shape, placements, ranks, captured, target, style, family, name, notes)
             for d in range(len(shape))
         )
     return ParamSpec(_identifier(name, taken), new, p["dtype"], use_muon=use_muon, style=style)
@@ -366,13 +365,11 @@ def _resized(
     d: int,
     shape: tuple[int, ...],
     placements: tuple[Placement, ...],
-    mesh: tuple[int, ...],
     ranks: tuple[int, ...],
     captured: list[list[int]],
     target: tuple[int, ...],
     style: Style,
     family: Layout,
-    tp: int,
     name: str,
     notes: list[str],
 ) -> int:
