@@ -320,9 +320,9 @@ class ShardNormHeadsMuon(PlantedMuon):
     """Scales the rows it holds by one factor from their own norm before the gather: one factor
     for every row of its piece, across the head boundaries inside it (under FSDP2, a shard
     spanning a block boundary applied one blended factor to all its rows). The factor is a power
-    of two, which a head that one piece holds whole does not see under ``eps_form="clamp"``
-    (Newton–Schulz divides by the head's norm exactly then): only a head that two pieces share,
-    each scaled by its own factor, comes out otherwise."""
+    of two, which a head that one piece holds whole does not see under ``eps_form="clamp"`` while
+    its norm stays above ``eps`` (Newton–Schulz divides by the head's norm exactly then): only a
+    head that two pieces share, each scaled by its own factor, comes out otherwise."""
 
     def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
         _, exponent = math.frexp(float(update.float().norm()))

@@ -6,8 +6,8 @@ claim (``CLAIMS``).
 
 Negative controls (``negative_controls.HEAD_CONTROLS``): the rows a rank holds split into the
 whole matrix's head count, and one factor for every row of a piece across its heads (a power of
-two, which only a head split between two pieces shows, under ``eps_form="clamp"``, which its
-search draws).
+two, which only a head split between two pieces shows, under ``eps_form="clamp"`` and norms
+above ``eps``, which its search draws).
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ def test_per_head_newton_schulz_matches_reference_bitwise_on_every_layout(gate_r
     gate_runner.check("heads", case)
 
 
-def _clamped(case: Case) -> Case:
-    """``eps_form="clamp"``: Newton–Schulz divides by the norm alone, so a head scaled by a power of
-    two as a whole comes out the same."""
-    return replace(case, settings=(*case.settings, ("eps_form", "clamp")))
+def _scale_free(case: Case) -> Case:
+    """``eps_form="clamp"`` and gradients of their own size: Newton–Schulz divides by a head's norm
+    alone wherever that norm is above ``eps`` (a gradient scaled by 1e-8 is not), so a head scaled
+    by a power of two as a whole comes out the same."""
+    params = tuple(p._replace(grad_scale=1.0) for p in case.params)
+    return replace(case, params=params, settings=(*case.settings, ("eps_form", "clamp")))
 
 
 @pytest.mark.judges("muongate's per-head gate, with planted bugs (negative controls)", "muongate: gates")
@@ -50,7 +52,7 @@ def test_heads_gate_catches_negative_control(gate_runner: Any, control: str) -> 
 
     gate_runner.catch(
         f"negative:heads:{control}",
-        heads_cases(max_world=gate_config().nproc).map(_clamped),
+        heads_cases(max_world=gate_config().nproc).map(_scale_free),
         lambda case: gate_runner.run(on(case)).message,
         lambda case: on(case).describe(),
     )
