@@ -34,12 +34,11 @@ from distributed_impl.mesh_split import MeshSplit, formed_update
 from reference import (
     Muon,
     adamw_update,
-    apply_update,
+    apply_blocks,
+    block_scales,
     group_orthogonalizer,
-    lr_scale,
     momentum_update,
     param_names,
-    unit_shape,
 )
 
 Mode = Literal["all_ranks", "owner_split"]
@@ -142,8 +141,9 @@ class ShardedMuon(Muon):
         produce = self._producer(group)
 
         def apply(p: DTensor, ortho: Tensor) -> None:
-            scaled_lr = group["lr"] * lr_scale(unit_shape(p.shape, group), group["adjust_lr_fn"])  # the global shape
-            apply_update(p.to_local(), ortho, group["lr"], group["weight_decay"], scaled_lr)
+            scales = block_scales(p.shape, group)  # the global shape's, a row block's each
+            rows = placement.global_rows(p) if len(set(scales)) > 1 else []
+            apply_blocks(p.to_local(), ortho, group, scales, rows, p.shape[-2])
 
         if self.mode == "owner_split":
             self._split.run(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -179,6 +180,17 @@ def local_rows(full: Tensor, p: DTensor) -> Tensor:
     mesh = p.device_mesh
     replicated = DTensor.from_local(full, mesh, [Replicate()] * mesh.ndim, run_check=False)
     return replicated.redistribute(mesh, p.placements).to_local()
+
+
+def global_rows(p: DTensor) -> list[int]:
+    """The row (dim -2) of the whole matrix that each of this rank's rows is, in order: the row
+    numbers laid out as ``p`` is (``local_rows``); none where this rank holds no element."""
+    rows = p.shape[-2]
+    numbers = torch.arange(rows, device=p.to_local().device).view(rows, 1).expand(p.shape).contiguous()
+    mine = local_rows(numbers, p)
+    if mine.numel() == 0:
+        return []
+    return cast(list[int], mine[(0,) * (mine.ndim - 2)][:, 0].tolist())
 
 
 def local_stride(p: DTensor) -> tuple[int, ...]:

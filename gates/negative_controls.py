@@ -11,6 +11,8 @@ the bug is the only difference (``test_unplanted_control_matches_the_reference``
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from typing import Any, cast
 
@@ -24,12 +26,14 @@ from reference import (
     Muon,
     NorMuon,
     adamw_update,
+    apply_blocks,
     apply_update,
+    block_scales,
     coefficient_schedule,
     group_orthogonalizer,
     lr_scale,
     momentum_update,
-    unit_shape,
+    row_blocks,
 )
 from reference.normuon import (
     divided_by,
@@ -61,6 +65,10 @@ class PlantedMuon(Muon):
         update = torch.empty(dp.to_local().shape, dtype=group["ns_dtype"], device=dp.to_local().device)
         self.momentum(state["momentum_buffer"].to_local(), dgrad.to_local(), group, update)
         ortho = self.orthogonalized_piece(update, dp, group_orthogonalizer(group, self.orthogonalize_fn))
+        scales = block_scales(dp.shape, group)
+        if len(set(scales)) > 1:
+            self.apply_blocks(dp.to_local(), ortho, group, scales, _global_rows(dp), dp.shape[-2])
+            return
         self.apply(dp.to_local(), ortho, group, group["lr"] * self.scale(dp, group))
 
     def _adamw_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:  # type: ignore[override]
@@ -89,10 +97,29 @@ class PlantedMuon(Muon):
         return local_piece(ns(full), p)
 
     def scale(self, p: DTensor, group: dict[str, Any]) -> float:
-        return lr_scale(unit_shape(p.shape, group), group["adjust_lr_fn"])
+        return block_scales(p.shape, group)[0]
+
+    def apply_blocks(
+        self,
+        local: Tensor,
+        ortho: Tensor,
+        group: dict[str, Any],
+        scales: tuple[float, ...],
+        rows: list[int],
+        total: int,
+    ) -> None:
+        """Row blocks of unequal lr scales (``ns_split``): each row with its block's."""
+        apply_blocks(local, ortho, group, scales, rows, total)
 
     def apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
         apply_update(local, ortho, group["lr"], group["weight_decay"], scaled_lr)
+
+
+def _global_rows(p: DTensor) -> list[int]:
+    """The row of the whole matrix each of this rank's rows is: the row numbers laid out as ``p`` (DTensor's own scatter)."""
+    rows = p.shape[-2]
+    mine = local_piece(torch.arange(rows).view(rows, 1).expand(p.shape).contiguous(), p)
+    return [] if mine.numel() == 0 else mine[(0,) * (mine.ndim - 2)][:, 0].tolist()
 
 
 def _as_dtensor(local: Tensor, p: DTensor) -> DTensor:
@@ -307,7 +334,7 @@ class LocalHeadsMuon(PlantedMuon):
     def orthogonalized_piece(self, update: Tensor, p: DTensor, ns: Any) -> Tensor:
         heads = self._heads
         rows = update.shape[-2]
-        if update.shape[-1] == p.shape[-1] and 0 < rows < p.shape[-2] and rows % heads == 0:
+        if heads > 1 and update.shape[-1] == p.shape[-1] and 0 < rows < p.shape[-2] and rows % heads == 0:
             return cast(Tensor, ns(update))
         return super().orthogonalized_piece(update, p, ns)
 
@@ -329,10 +356,31 @@ class ShardNormHeadsMuon(PlantedMuon):
         return super().orthogonalized_piece(update * math.ldexp(1.0, -exponent), p, ns)
 
 
+class FirstBlockScaleMuon(PlantedMuon):
+    """Steps every row it holds with the lr scale of the block its first row is in: one factor
+    for a piece that spans a block boundary of unequal blocks (``ns_split``), the whole matrix
+    on one rank included (under FSDP2, a shard spanning a block boundary applied one blended
+    factor to all its rows)."""
+
+    def apply_blocks(
+        self,
+        local: Tensor,
+        ortho: Tensor,
+        group: dict[str, Any],
+        scales: tuple[float, ...],
+        rows: list[int],
+        total: int,
+    ) -> None:
+        if rows:
+            first = bisect.bisect_right(list(itertools.accumulate(row_blocks(total, group))), rows[0])
+            self.apply(local, ortho, group, group["lr"] * scales[first])
+
+
 #: the per-head gate's negative controls
 HEAD_CONTROLS: dict[str, type[PlantedMuon]] = {
     "LocalHeadsMuon": LocalHeadsMuon,
     "ShardNormHeadsMuon": ShardNormHeadsMuon,
+    "FirstBlockScaleMuon": FirstBlockScaleMuon,
 }
 
 

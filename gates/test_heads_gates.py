@@ -1,13 +1,14 @@
-"""Claims: per-head Newton–Schulz (``reference.Muon``'s ``ns_heads``: each matrix's rows are heads
-of equal size, each orthogonalized on its own, with a head's lr scale) is computed bit for bit on
-FSDP2 and on every layout family, with head boundaries on and off the shards' (``heads_cases``).
-A candidate is judged on it where it declares the ``heads`` feature; the family declares the
-claim (``CLAIMS``).
+"""Claims: Newton–Schulz on row blocks (``reference.Muon``'s ``ns_heads``, heads of equal size, and
+``ns_split``, blocks of given sizes; each block orthogonalized on its own, with its own shape's lr
+scale) is computed bit for bit on FSDP2 and on every layout family, with block boundaries on and
+off the shards' (``row_block_cases``). A candidate is judged on it where it declares the ``heads``
+feature; the family declares the claim (``CLAIMS``).
 
 Negative controls (``negative_controls.HEAD_CONTROLS``): the rows a rank holds split into the
-whole matrix's head count, and one factor for every row of a piece across its heads (a power of
-two, which only a head split between two pieces shows, under ``eps_form="clamp"`` and norms
-above ``eps``, which its search draws).
+whole matrix's head count; one factor for every row of a piece across its heads (a power of two,
+which only a head split between two pieces shows, under ``eps_form="clamp"`` and norms above
+``eps``, which its search draws); one block's lr scale for every row of a piece that spans
+unequal blocks.
 """
 
 from __future__ import annotations
@@ -19,16 +20,18 @@ import pytest
 from hypothesis import given
 
 from gates.negative_controls import HEAD_CONTROLS
-from harness.cases import Case, heads_cases
+from harness.cases import Case, row_block_cases
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
 
 
-@given(case=drawn(lambda s: heads_cases(max_world=s.nproc)))
-def test_per_head_newton_schulz_matches_reference_bitwise_on_every_layout(gate_runner: Any, case: Case) -> None:
-    gate_runner.algorithm_claim("heads", "Newton–Schulz on each head of a matrix (ns_heads)")
-    gate_runner.require("heads", {"heads"}, "its claim is per-head Newton–Schulz (ns_heads)")
+@given(case=drawn(lambda s: row_block_cases(max_world=s.nproc)))
+def test_newton_schulz_on_heads_and_row_blocks_matches_reference_bitwise_on_every_layout(
+    gate_runner: Any, case: Case
+) -> None:
+    gate_runner.algorithm_claim("heads", "Newton–Schulz on each row block of a matrix (ns_heads, ns_split)")
+    gate_runner.require("heads", {"heads"}, "its claim is Newton–Schulz on row blocks (ns_heads, ns_split)")
     gate_runner.check("heads", case)
 
 
@@ -52,7 +55,7 @@ def test_heads_gate_catches_negative_control(gate_runner: Any, control: str) -> 
 
     gate_runner.catch(
         f"negative:heads:{control}",
-        heads_cases(max_world=gate_config().nproc).map(_scale_free),
+        row_block_cases(max_world=gate_config().nproc).map(_scale_free),
         lambda case: gate_runner.run(on(case)).message,
         lambda case: on(case).describe(),
     )

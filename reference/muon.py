@@ -51,17 +51,20 @@ Newton–Schulz normalization (``ns_normalize``)
     ``"ns_dtype"`` (default): the update is cast to the Newton–Schulz dtype, then divided by
     its norm there. ``"input"``: divided by its norm in its own dtype (float32), then cast
     (DeepSpeed 0.19.8's Gram form, so that a large fp32 update cannot overflow fp16 first).
-the unit Newton–Schulz orthogonalizes (``ns_heads``)
-    ``1`` (default): each matrix whole. ``h > 1``: each matrix's rows are ``h`` heads of equal
-    size, each orthogonalized on its own (per-head Muon for the Q, K and V projections of
-    torchtitan's Kimi and Moonlight recipes and DeepSpeed's ``per_head_muon``; ``h = 2`` is a
-    fused gate/up projection split in its halves), and the lr scale is a head's shape's. A
-    group with ``h > 1`` takes only matrices whose rows ``h`` divides. A Muon group holds it
-    only where it was given, as the forms above.
+the unit Newton–Schulz orthogonalizes (``ns_heads``, ``ns_split``)
+    ``ns_heads=1`` and ``ns_split=()`` (default): each matrix whole. ``ns_heads=h > 1``: each
+    matrix's rows are ``h`` heads of equal size, each orthogonalized on its own (per-head Muon
+    for the Q, K and V projections of torchtitan's Kimi and Moonlight recipes and DeepSpeed's
+    ``per_head_muon``; ``h = 2`` is a fused gate/up projection split in its halves).
+    ``ns_split=(r₁, r₂, …)``: row blocks of those sizes, unequal allowed (dion's
+    ``split_sizes``, a fused QKV under GQA). Each block's lr scale is its own shape's, so the
+    rows of one matrix may step with different scales. A group takes only matrices whose rows
+    the blocks fit; a Muon group holds these settings only where they were given, as the forms
+    above.
 lr scale (``adjust_lr_fn``)
     ``"original"``: lr·√max(1, rows/cols); ``"match_rms_adamw"``: lr·0.2·√max(rows, cols)
-    (Moonshot); ``"none"``: lr. Rows and cols are the *global* matrix shape (a head's, with
-    ``ns_heads``), never a shard's.
+    (Moonshot); ``"none"``: lr. Rows and cols are the *global* matrix shape (a row block's, with
+    ``ns_heads`` or ``ns_split``), never a shard's.
 where the lr scale applies (``lr_scale_on``)
     ``"lr"`` (default): ``p ← p − (lr·scale)·update``. ``"update"``: the orthogonalized update
     is multiplied by the scale in its own (Newton–Schulz) dtype, rounded there, and the step
@@ -96,6 +99,8 @@ one on GPUs); it is not bitwise the plain ``a·X + (b·A + c·A²)·X`` form.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple, cast, get_args
@@ -311,22 +316,17 @@ def orthogonalize_batch(
 
 def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None = None) -> Callable[[Tensor], Tensor]:
     """``matrix -> fn(matrix, …)`` with a param group's Newton–Schulz settings (``fn``: ``orthogonalize``);
-    with ``ns_heads`` above 1, ``fn`` takes the stack of every head of every matrix (``[n, rows / ns_heads,
-    cols]``), and the result is laid back as the input was."""
+    with row blocks (``ns_heads``, ``ns_split``: ``row_blocks``), ``fn`` takes each block of rows
+    of the matrix (of every matrix of a stack) on its own, and the results are laid back in order."""
     kernel = orthogonalize if fn is None else fn
     # only where they are not the defaults, so that a kernel of the older signature still runs
     forms = {k: group[k] for k in ("ns_form", "ns_normalize") if form_of(group, k) != FORM_DEFAULTS[k]}
-    heads = form_of(group, "ns_heads")
 
     def run(matrix: Tensor) -> Tensor:
-        if heads == 1:
+        blocks = row_blocks(matrix.shape[-2], group)
+        if len(blocks) == 1:
             return whole(matrix)
-        rows, cols = matrix.shape[-2:]
-        if rows % heads:
-            raise ValueError(
-                f"ns_heads={heads} does not divide the {rows} rows of a matrix of shape {tuple(matrix.shape)}"
-            )
-        return whole(matrix.reshape(-1, rows // heads, cols)).reshape(matrix.shape)
+        return torch.cat([whole(block) for block in matrix.split(blocks, dim=-2)], dim=-2)
 
     def whole(matrix: Tensor) -> Tensor:
         return kernel(
@@ -342,12 +342,50 @@ def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None
     return run
 
 
-def unit_shape(shape: Sequence[int], group: dict[str, Any]) -> tuple[int, ...]:
-    """The shape of what Newton–Schulz orthogonalizes one at a time in a matrix of global
-    ``shape``: a head, ``(rows / ns_heads, cols)``, or the whole matrix. Its lr scale is this
-    shape's (``lr_scale``)."""
-    heads = form_of(group, "ns_heads")
-    return (*shape[:-2], shape[-2] // heads, shape[-1]) if heads > 1 else tuple(shape)
+def row_blocks(rows: int, group: dict[str, Any]) -> tuple[int, ...]:
+    """The sizes of the row blocks Newton–Schulz orthogonalizes one at a time in a matrix of
+    ``rows`` rows: ``ns_heads`` heads of equal size, the ``ns_split`` sizes, or the whole matrix."""
+    heads, split = form_of(group, "ns_heads"), tuple(form_of(group, "ns_split"))
+    if split:
+        if sum(split) != rows:
+            raise ValueError(f"ns_split={split} does not add up to the {rows} rows of the matrix")
+        return split
+    if rows % heads:
+        raise ValueError(f"ns_heads={heads} does not divide the {rows} rows of the matrix into heads of equal size")
+    return (rows // heads,) * heads if heads > 1 else (rows,)
+
+
+def block_scales(shape: Sequence[int], group: dict[str, Any]) -> tuple[float, ...]:
+    """Muon's lr scale of each row block of a matrix of global ``shape`` (``row_blocks``), from
+    the block's own shape."""
+    return tuple(lr_scale((b, shape[-1]), group["adjust_lr_fn"]) for b in row_blocks(shape[-2], group))
+
+
+def apply_blocks(
+    param: Tensor, ortho: Tensor, group: dict[str, Any], scales: tuple[float, ...], rows: Sequence[int], total: int
+) -> None:
+    """``apply_update`` of Newton–Schulz's output ``ortho`` to ``param``, each row with the lr
+    scale of its block (``block_scales``; where the lr scale applies: ``lr_scale_on``). ``rows``:
+    the row of the whole matrix (of ``total`` rows) that each of ``param``'s rows is, in order (a
+    shard holds a run of them). Elementwise: a shard's rows come out as the whole matrix's do."""
+    lr, wd, on_update = group["lr"], group["weight_decay"], form_of(group, "lr_scale_on") == "update"
+
+    def apply(p: Tensor, o: Tensor, scale: float) -> None:
+        if on_update:
+            apply_update(p, o * scale, lr, wd, lr)  # in the update's own dtype, rounded there
+        else:
+            apply_update(p, o, lr, wd, lr * scale)
+
+    if len(set(scales)) == 1:
+        apply(param, ortho, scales[0])
+        return
+    ends = list(itertools.accumulate(row_blocks(total, group)))
+    of_row = [bisect.bisect_right(ends, r) for r in rows]
+    start = 0
+    for i in range(1, len(of_row) + 1):
+        if i == len(of_row) or of_row[i] != of_row[start]:
+            apply(param[..., start:i, :], ortho[..., start:i, :], scales[of_row[start]])
+            start = i
 
 
 def lr_scale(shape: Sequence[int], adjust_lr_fn: LrAdjust) -> float:
@@ -490,9 +528,13 @@ def validate_settings(group: dict[str, Any]) -> None:
     ):
         if form_of(group, name) not in get_args(kind):
             raise bad(name, f"is not one of {get_args(kind)}")
-    heads = form_of(group, "ns_heads")
+    heads, split = form_of(group, "ns_heads"), form_of(group, "ns_split")
     if not (isinstance(heads, int) and not isinstance(heads, bool) and heads >= 1):
         raise bad("ns_heads", "must be an int of at least 1")
+    if not (isinstance(split, tuple | list) and all(isinstance(n, int) and n >= 1 for n in split)):
+        raise bad("ns_split", "must be a tuple of row counts of at least 1")
+    if heads > 1 and split:
+        raise bad("ns_split", "and ns_heads: give one of them")
     if not (isinstance(group["ns_steps"], int) and 0 <= group["ns_steps"] < 100):
         raise bad("ns_steps", "must be an int in [0, 100)")
     if not group["eps"] > 0:
@@ -530,7 +572,7 @@ MUON_DEFAULTS: dict[str, Any] = dict(
 #: (``Muon.DEFAULTS``), which is what every candidate is handed and the gates draw from: a
 #: param group holds one only where it was given.
 FORM_DEFAULTS: dict[str, Any] = dict(
-    ns_form="addmm", ns_normalize="ns_dtype", lr_scale_on="lr", adamw_form="torch", ns_heads=1
+    ns_form="addmm", ns_normalize="ns_dtype", lr_scale_on="lr", adamw_form="torch", ns_heads=1, ns_split=()
 )
 
 
@@ -621,14 +663,13 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, {**defaults, **settings})
         for gi, group in enumerate(self.param_groups):
             type(self).VALIDATE(group)
-            heads = form_of(group, "ns_heads")
             for name, p in zip(param_names(group, gi), group["params"], strict=True):
                 self._check_param(name, p, group["use_muon"])
-                if group["use_muon"] and p.shape[-2] % heads:
-                    raise ValueError(
-                        f"parameter {name!r} of shape {tuple(p.shape)}: ns_heads={heads} does not divide its "
-                        f"{p.shape[-2]} rows into heads of equal size"
-                    )
+                if group["use_muon"]:
+                    try:
+                        row_blocks(p.shape[-2], group)
+                    except ValueError as e:
+                        raise ValueError(f"parameter {name!r} of shape {tuple(p.shape)}: {e}") from None
 
     def _check_param(self, name: str, p: Tensor, use_muon: bool) -> None:
         """Raises ``ValueError`` naming a parameter this optimizer cannot take."""
@@ -667,20 +708,19 @@ class Muon(torch.optim.Optimizer):
         update = momentum_update(
             state["momentum_buffer"], grad, group["momentum"], group["nesterov"], group["momentum_form"]
         )
-        ortho, scale = self._scaled(group_orthogonalizer(group, self.orthogonalize_fn)(update), state, group, p.shape)
-        if form_of(group, "lr_scale_on") == "update":
-            ortho = ortho * scale  # in the update's own dtype, rounded there
-            scale = 1.0
-        apply_update(p, ortho, group["lr"], group["weight_decay"], group["lr"] * scale)
+        ortho, scales = self._scaled(group_orthogonalizer(group, self.orthogonalize_fn)(update), state, group, p.shape)
+        rows = p.shape[-2]
+        apply_blocks(p, ortho, group, scales, range(rows), rows)
 
     @staticmethod
     def _scaled(
         ortho: Tensor, state: dict[str, Any], group: dict[str, Any], shape: Sequence[int]
-    ) -> tuple[Tensor, float]:
-        """The update from Newton–Schulz's output of a matrix of global ``shape``, and the factor
-        the lr is multiplied by: the output itself and Muon's lr scale (a family that does more
-        with the output, NorMuon, does it here, with ``state``)."""
-        return ortho, lr_scale(unit_shape(shape, group), group["adjust_lr_fn"])
+    ) -> tuple[Tensor, tuple[float, ...]]:
+        """The update from Newton–Schulz's output of a matrix of global ``shape``, and the factors
+        the lr is multiplied by, one per row block: the output itself and Muon's lr scale of each
+        block (``block_scales``; a family that does more with the output, NorMuon, does it here,
+        with ``state``)."""
+        return ortho, block_scales(shape, group)
 
     @staticmethod
     def _adamw_step(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:

@@ -167,10 +167,11 @@ class NorMuon(Muon):
     @staticmethod
     def _scaled(
         ortho: Tensor, state: dict[str, Any], group: dict[str, Any], shape: Sequence[int]
-    ) -> tuple[Tensor, float]:
+    ) -> tuple[Tensor, tuple[float, ...]]:
         """NorMuon's normalization of Newton–Schulz's output (``normalize_neurons``), its
-        statistics kept in ``state`` from the first step."""
+        statistics kept in ``state`` from the first step; one lr scale, the whole matrix's."""
         if "second_moment" not in state:
             moment = second_moment_shape(shape, group["normuon_axis"])
             state["second_moment"] = torch.zeros(moment, dtype=torch.float32, device=ortho.device)
-        return normalize_neurons(ortho, cast(Tensor, state["second_moment"]), group, shape)
+        normalized, scale = normalize_neurons(ortho, cast(Tensor, state["second_moment"]), group, shape)
+        return normalized, (scale,)

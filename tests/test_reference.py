@@ -200,59 +200,73 @@ def test_float16_newton_schulz_is_taken_with_a_gram_form_and_lr_scale_on_update_
         Muon([torch.zeros(3, 3, requires_grad=True)], ns_form="gramm")
 
 
-# -- the unit Newton–Schulz orthogonalizes: heads (``ns_heads``) ---------------------------------
+# -- the unit Newton–Schulz orthogonalizes: row blocks (``ns_heads``, ``ns_split``) ----------------
 
 
-def _heads_stepped(shape: tuple[int, ...], heads: int, steps: int = 3, **settings: Any) -> tuple[Tensor, Tensor]:
-    """One matrix stepped with ``ns_heads=heads``, and each head of it stepped as a matrix of its
-    own (the same gradients, rows by rows, in a group without heads), laid back together."""
+def _blocks_stepped(
+    shape: tuple[int, ...], blocks: tuple[int, ...], setting: dict[str, Any], steps: int = 3, **settings: Any
+) -> tuple[Tensor, Tensor]:
+    """One matrix stepped with row blocks (``setting``), and each block of it stepped as a matrix
+    of its own (the same gradients, rows by rows, in a group without blocks), laid back together."""
     torch.manual_seed(7)
     p0, grads = torch.randn(shape), [torch.randn(shape) for _ in range(steps)]
     whole = torch.nn.Parameter(p0.clone())
-    rows = shape[-2] // heads
-    pieces = [torch.nn.Parameter(p0[..., h * rows : (h + 1) * rows, :].clone()) for h in range(heads)]
-    a = Muon([{"params": [whole], "use_muon": True, "ns_heads": heads}], **settings)
+    pieces = [torch.nn.Parameter(b.clone()) for b in p0.split(blocks, dim=-2)]
+    a = Muon([{"params": [whole], "use_muon": True, **setting}], **settings)
     b = Muon([{"params": pieces, "use_muon": True}], **settings)
     for g in grads:
         whole.grad = g.clone()
-        for h, piece in enumerate(pieces):
-            piece.grad = g[..., h * rows : (h + 1) * rows, :].clone()
+        for piece, rows in zip(pieces, g.split(blocks, dim=-2), strict=True):
+            piece.grad = rows.clone()
         a.step()
         b.step()
     return whole.detach(), torch.cat([piece.detach() for piece in pieces], dim=-2)
 
 
 @pytest.mark.parametrize(
-    ("shape", "heads"), [((12, 8), 3), ((8, 12), 2), ((6, 4), 6), ((2, 10, 6), 2), ((16, 16), 4), ((9, 5), 1)]
+    ("shape", "blocks", "setting"),
+    [
+        ((12, 8), (4, 4, 4), {"ns_heads": 3}),
+        ((8, 12), (4, 4), {"ns_heads": 2}),  # tall heads of a wide matrix
+        ((6, 4), (1,) * 6, {"ns_heads": 6}),
+        ((2, 10, 6), (5, 5), {"ns_heads": 2}),  # a stack of experts
+        ((9, 5), (9,), {"ns_heads": 1}),
+        ((12, 8), (8, 2, 2), {"ns_split": (8, 2, 2)}),  # a fused QKV under GQA: unequal lr scales
+        ((7, 3), (1, 6), {"ns_split": [1, 6]}),
+        ((2, 9, 4), (3, 6), {"ns_split": (3, 6)}),
+    ],
 )
 @pytest.mark.parametrize("adjust_lr_fn", ["original", "match_rms_adamw"])
-def test_each_head_steps_as_a_matrix_of_its_own_with_its_own_lr_scale(
-    shape: tuple[int, ...], heads: int, adjust_lr_fn: str
+def test_each_row_block_steps_as_a_matrix_of_its_own_with_its_own_lr_scale(
+    shape: tuple[int, ...], blocks: tuple[int, ...], setting: dict[str, Any], adjust_lr_fn: str
 ) -> None:
-    # tall heads of a wide matrix (8, 12 in heads of 4 rows), 1-row heads, a stack of experts
-    per_head, separate = _heads_stepped(shape, heads, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn)
-    assert torch.equal(per_head.view(torch.int32), separate.view(torch.int32)), "the same bits"
+    together, separate = _blocks_stepped(shape, blocks, setting, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn)
+    assert torch.equal(together.view(torch.int32), separate.view(torch.int32)), "the same bits"
 
 
-def test_heads_change_the_update_and_one_head_is_the_whole_matrix() -> None:
-    whole, _ = _heads_stepped((12, 8), 1)
-    two, _ = _heads_stepped((12, 8), 2)
-    assert not torch.equal(whole, two)
+def test_row_blocks_change_the_update_and_one_head_is_the_whole_matrix() -> None:
+    whole, _ = _blocks_stepped((12, 8), (12,), {})
+    two, _ = _blocks_stepped((12, 8), (6, 6), {"ns_heads": 2})
+    split, _ = _blocks_stepped((12, 8), (8, 4), {"ns_split": (8, 4)})
+    assert not torch.equal(whole, two) and not torch.equal(two, split)
     torch.manual_seed(7)
     p0, grads = torch.randn(12, 8), [torch.randn(12, 8) for _ in range(3)]
-    assert torch.equal(_run(Muon, p0, grads)[0], _run(Muon, p0, grads, ns_heads=1)[0])
+    assert torch.equal(_run(Muon, p0, grads)[0], _run(Muon, p0, grads, ns_heads=1, ns_split=())[0])
 
 
 @pytest.mark.parametrize(
-    ("heads", "shape", "message"),
+    ("setting", "shape", "message"),
     [
-        (3, (10, 8), r"'group0.param0' of shape \(10, 8\): ns_heads=3 does not divide its 10 rows"),
-        (0, (9, 8), "ns_heads=0 must be an int of at least 1"),
-        (2.0, (8, 8), "ns_heads=2.0 must be an int of at least 1"),
+        ({"ns_heads": 3}, (10, 8), r"'group0.param0' of shape \(10, 8\): ns_heads=3 does not divide the 10 rows"),
+        ({"ns_split": (4, 4)}, (9, 8), r"'group0.param0' of shape \(9, 8\): ns_split=\(4, 4\) does not add up to"),
+        ({"ns_heads": 0}, (9, 8), "ns_heads=0 must be an int of at least 1"),
+        ({"ns_heads": 2.0}, (8, 8), "ns_heads=2.0 must be an int of at least 1"),
+        ({"ns_split": (4, 0)}, (4, 8), "ns_split=.* must be a tuple of row counts of at least 1"),
+        ({"ns_split": (4, 4), "ns_heads": 2}, (8, 8), "ns_split=.* and ns_heads: give one of them"),
     ],
 )
-def test_heads_that_do_not_divide_the_rows_are_refused_naming_the_parameter(
-    heads: Any, shape: tuple[int, int], message: str
+def test_row_blocks_that_do_not_fit_the_rows_are_refused_naming_the_parameter(
+    setting: dict[str, Any], shape: tuple[int, int], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        Muon([{"params": [torch.nn.Parameter(torch.zeros(shape))], "ns_heads": heads}])
+        Muon([{"params": [torch.nn.Parameter(torch.zeros(shape))], **setting}])

@@ -22,8 +22,8 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     take, makes every gate skip, naming it; nothing is compared silently.
 ``features``
     which of ``adamw`` (Muon's AdamW groups), ``experts`` (3-D parameters), ``bf16``,
-    ``checkpoint``, ``fully_shard`` (with ``shard`` only) and ``heads`` (per-head Newton–Schulz,
-    the reference's ``ns_heads``) it supports; default all but ``heads``, which a candidate
+    ``checkpoint``, ``fully_shard`` (with ``shard`` only) and ``heads`` (Newton–Schulz on row
+    blocks, the reference's ``ns_heads`` and ``ns_split``) it supports; default all but ``heads``, which a candidate
     names to be judged on it. Cases are narrowed to them and every narrowing is reported. A parameter without a gradient is not a
     feature: every candidate meets one, unless it declares ``needs_every_grad``.
 ``needs_every_grad``

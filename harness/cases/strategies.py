@@ -355,26 +355,32 @@ def layout_cases(
     return draw_case()
 
 
-def heads_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 3) -> st.SearchStrategy[Case]:
-    """Cases of per-head Newton–Schulz (``reference.Muon``'s ``ns_heads``): FSDP2 on 1 to
-    ``max_world`` ranks and every layout family ``layout_cases`` draws, each Muon matrix's rows
-    made ``ns_heads`` heads of 1 to 8 rows, so that a head boundary falls on or inside a shard, a
-    head is smaller than a shard or a shard smaller than a head. Shrinks towards two heads of one
-    row each on one rank."""
+def row_block_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 3) -> st.SearchStrategy[Case]:
+    """Cases of Newton–Schulz on row blocks (``reference.Muon``'s ``ns_heads`` and ``ns_split``):
+    FSDP2 on 1 to ``max_world`` ranks and every layout family ``layout_cases`` draws, each Muon
+    matrix's rows made 2 to 4 heads of 1 to 8 rows each, or 2 to 4 blocks of 1 to 8 rows each,
+    unequal (then every Muon matrix has the same rows, as one group's split fits one row count),
+    so that a block boundary falls on or inside a shard, a block is smaller than a shard or a
+    shard smaller than a block. Shrinks towards two heads of one row each on one rank."""
     bases = st.one_of(
         cases(max_world=max_world, max_params=max_params, max_steps=max_steps),
         layout_cases(max_world=max_world, min_world=min(2, max_world), max_params=max_params, max_steps=max_steps),
     )
     heads_drawn, rows_drawn = st.integers(2, 4), st.integers(1, 8)
+    splits_drawn = st.one_of(st.none(), st.lists(rows_drawn, min_size=2, max_size=4).map(tuple))
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
-        base, heads = draw(bases), draw(heads_drawn)
-        params = tuple(
-            p._replace(shape=(*p.shape[:-2], heads * draw(rows_drawn), p.shape[-1])) if p.use_muon else p
-            for p in base.params
-        )
-        return replace(base, params=params, settings=(*base.settings, ("ns_heads", heads)))
+        base, split = draw(bases), draw(splits_drawn)
+        heads = draw(heads_drawn) if split is None else 1
+        params = []
+        for p in base.params:
+            if p.use_muon:
+                rows = sum(split) if split else heads * draw(rows_drawn)
+                p = p._replace(shape=(*p.shape[:-2], rows, p.shape[-1]))
+            params.append(p)
+        setting = ("ns_split", split) if split else ("ns_heads", heads)
+        return replace(base, params=tuple(params), settings=(*base.settings, setting))
 
     return draw_case()
 
