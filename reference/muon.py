@@ -643,7 +643,8 @@ class Muon(torch.optim.Optimizer):
     DEFAULTS: ClassVar[dict[str, Any]] = MUON_DEFAULTS
     #: the gates' claims that hold for this family alone: its update is Newton–Schulz's (the
     #: gathered and owner-split modes, the causes of difference), beside AdamW groups, with the
-    #: norm's bf16 ties and the output's spectrum, and per-head (``ns_heads``); ``harness.algorithms`` reads them
+    #: norm's bf16 ties and the output's spectrum, and on row blocks (``ns_heads``, ``ns_split``);
+    #: ``harness.algorithms`` reads them
     CLAIMS: ClassVar[frozenset[str]] = frozenset(
         {"newton_schulz", "hybrid_groups", "bf16_norm_ties", "oracle_spectrum", "tier:causes", "heads"}
     )
