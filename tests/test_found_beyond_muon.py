@@ -92,6 +92,20 @@ def test_deepspeed_stage_0_bf16_steps_its_optimizer_once_before_training() -> No
     assert "stage 1, bf16: after one step the state counts 1 step(s)" in run.stdout
 
 
+def test_deepspeed_drops_per_head_muon_at_stage_0_and_with_parameter_alignment() -> None:
+    _needs_deepspeed()
+    run = _run("deepspeed_per_head_muon_dropped.py")
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    for where, which in (
+        ("stage 0", "whole-matrix"),
+        ("stage 1", "per-head"),
+        ("stage 1, parameter_alignment", "whole-matrix"),
+        ("stage 2, parameter_alignment", "whole-matrix"),
+        ("stage 3", "per-head"),
+    ):
+        assert f"{where}: q_proj stepped with {which} Newton-Schulz (max|diff| " in run.stdout, run.stdout
+
+
 def test_deepspeed_cannot_convert_its_muon_checkpoint_into_a_universal_one() -> None:
     _needs_deepspeed()
     run = _run("deepspeed_universal_checkpoint_muon.py")
