@@ -11,8 +11,6 @@ the bug is the only difference (``test_unplanted_control_matches_the_reference``
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 from typing import Any, cast
 
@@ -29,11 +27,11 @@ from reference import (
     apply_blocks,
     apply_update,
     block_scales,
+    blocks_of_rows,
     coefficient_schedule,
     group_orthogonalizer,
     lr_scale,
     momentum_update,
-    row_blocks,
 )
 from reference.normuon import (
     divided_by,
@@ -372,7 +370,7 @@ class FirstBlockScaleMuon(PlantedMuon):
         total: int,
     ) -> None:
         if rows:
-            first = bisect.bisect_right(list(itertools.accumulate(row_blocks(total, group))), rows[0])
+            (first,) = blocks_of_rows(rows[:1], total, group)
             self.apply(local, ortho, group, group["lr"] * scales[first])
 
 

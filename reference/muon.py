@@ -361,6 +361,12 @@ def block_scales(shape: Sequence[int], group: dict[str, Any]) -> tuple[float, ..
     return tuple(lr_scale((b, shape[-1]), group["adjust_lr_fn"]) for b in row_blocks(shape[-2], group))
 
 
+def blocks_of_rows(rows: Sequence[int], total: int, group: dict[str, Any]) -> list[int]:
+    """The row block (``row_blocks``) each of ``rows``, rows of a matrix of ``total`` rows, is in."""
+    ends = list(itertools.accumulate(row_blocks(total, group)))
+    return [bisect.bisect_right(ends, r) for r in rows]
+
+
 def apply_blocks(
     param: Tensor, ortho: Tensor, group: dict[str, Any], scales: tuple[float, ...], rows: Sequence[int], total: int
 ) -> None:
@@ -379,8 +385,7 @@ def apply_blocks(
     if len(set(scales)) == 1:
         apply(param, ortho, scales[0])
         return
-    ends = list(itertools.accumulate(row_blocks(total, group)))
-    of_row = [bisect.bisect_right(ends, r) for r in rows]
+    of_row = blocks_of_rows(rows, total, group)
     start = 0
     for i in range(1, len(of_row) + 1):
         if i == len(of_row) or of_row[i] != of_row[start]:
