@@ -59,6 +59,23 @@ GRAM_PARTIAL = {
                      max_rel_fro=0.11),
 }  # fmt: skip
 
+#: A gradient norm summed in another order than one device's (per piece, then across ranks;
+#: torch in the gradients' dtype), against the float64 norm of the full gradients
+#: (``reference.clipping.grad_norm``), both rounded to float32, as relative error, by the
+#: case's lowest-precision gradient dtype. Measured with ``examples/clip_norm_calibration.py``
+#: on the clipping gate's own cases (2- and 1-norm), gloo, 300 cases at 2 ranks and 300 at 4
+#: (2-core): torch's ``clip_grad_norm_`` and a hand-written clip land at worst 3.8e-7 (fp32)
+#: and 0.0067 (bf16: torch takes each norm in bf16). The wrong variants (a replica counted per
+#: copy, a tied weight twice, experts over one EP rank) lie at a median of 0.34 to 1; the few
+#: nearer are bugs that moved the norm by less than its own rounding (a tied 1e-3 gradient
+#: beside a 1e3 one), which no tier can tell. Each bound is about 3 to 5 times the worst correct.
+CLIP_NORM = {
+    "float32": Tier("clip_norm_fp32", "tolerance", "gradient norm, fp32 gradients: correct ≤ 3.8e-7, wrong median ≥ 0.34",
+                    rtol=2e-6),
+    "bfloat16": Tier("clip_norm_bf16", "tolerance", "gradient norm, bf16 gradients: correct ≤ 0.0067, wrong median ≥ 0.34",
+                     rtol=0.02),
+}  # fmt: skip
+
 _INT_VIEW = {
     torch.float32: torch.int32,
     torch.bfloat16: torch.int16,

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from harness.cases import Case, ParamSpec, cases, matrix_shapes, muon_settings
+from harness.cases import Case, Clip, ParamSpec, cases, clip_cases, matrix_shapes, muon_settings
+from harness.layouts import EP_EFSDP, HSDP
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,25 @@ def test_matrix_shapes_are_2d_or_expert_stacks(shape):
 def test_some_drawn_shapes_leave_a_rank_with_an_empty_shard():
     find(matrix_shapes(world_size=2), lambda s: s[0] < 2)
     find(st.tuples(matrix_shapes(world_size=3)), lambda t: t[0][0] % 3 != 0)
+
+
+def test_clip_cases_shrink_to_fsdp2_on_one_rank_clipping_the_2_norm_to_one_with_nothing_tied():
+    simplest = find(clip_cases(max_world=4), lambda _: True)
+    assert simplest.world_size == 1 and simplest.clip == Clip(1.0, 2.0, None)
+    assert simplest.params == (ParamSpec("w0", (4, 4), "float32"),)
+
+
+@pytest.mark.parametrize(
+    "what",
+    [
+        lambda c: c.layout is EP_EFSDP and any(len(p.shape) == 3 for p in c.params),
+        lambda c: c.layout is HSDP,
+        lambda c: c.tp > 1 and any(p.style == "replicate" for p in c.params),
+        lambda c: c.tp > 1 and any(not p.use_muon and len(p.shape) == 1 for p in c.params),
+        lambda c: c.clip.tied is not None and c.clip.norm_type == float("inf"),
+        lambda c: c.clip.norm_type == 1.0 and len({p.grad_scale for p in c.params}) > 1,
+    ],
+    ids=["experts", "hsdp", "tp-replicated matrix", "tp-replicated vector", "tied, inf-norm", "1-norm, scales"],
+)
+def test_clip_cases_draw_every_duplication_clipping_meets(what):
+    find(clip_cases(max_world=4), what, settings=settings(max_examples=2000))

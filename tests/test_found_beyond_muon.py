@@ -132,3 +132,12 @@ def test_deepspeed_rounds_its_muon_s_momentum_to_bf16_at_zero_1_to_3() -> None:
     assert run.returncode == 1, run.stdout + run.stderr[-2000:]
     for stage, dtype in ((1, "bfloat16"), (2, "bfloat16"), (3, "float32")):
         assert f"stage {stage}, bf16 model: Muon momentum 0.050048828125 (torch.{dtype})" in run.stdout, run.stdout
+
+
+@pytest.mark.slow
+def test_torch_clip_grad_norm_inf_fails_on_an_empty_fsdp2_piece() -> None:
+    run = _run("torch_clip_inf_norm_empty_shard.py", nproc=2)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert (
+        "rank 1: clip_grad_norm_(inf) under FSDP2 fails: _foreach_norm cannot compute the infinity norm" in run.stdout
+    )

@@ -62,6 +62,11 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     compares it with; without it, the candidate itself runs on a one-rank FSDP2 mesh.
 ``package``
     the package it adapts, for the matrix (``"muon-optimizer"``); default the factory's spec.
+``clip``
+    its own gradient-norm clipping, ``clip(model, max_norm, norm_type) -> total_norm``: it scales
+    the gradients of ``model`` (laid out as the case is) in place and returns the norm it found,
+    as ``torch.nn.utils.clip_grad_norm_`` does on ``model.parameters()``. The clipping gate judges
+    it (``gates/test_clip_gates.py``); without it, that gate skips, naming why.
 ``thresholds``
     the tensor sizes (numbers of elements) at which it changes behaviour: a state quantized only
     from 4096 elements, blocks of 256. The generators then draw tensors on both sides of each,
@@ -131,6 +136,7 @@ class Candidate:
     single_device: Callable[..., Any] | None = None
     package: str | None = None
     thresholds: Iterable[int] = ()
+    clip: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -148,7 +154,7 @@ class Candidate:
             raise ValueError(f"Candidate min_ns_steps={self.min_ns_steps!r}: a whole number ≥ 0")
         if not isinstance(self.needs_every_grad, bool):
             raise ValueError(f"Candidate needs_every_grad={self.needs_every_grad!r}: True or False")
-        for name in ("shard", "piece", "single_device"):
+        for name in ("shard", "piece", "single_device", "clip"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ValueError(f"Candidate {name}={value!r}: a function, e.g. {name}=my_{name}")

@@ -2,6 +2,7 @@
 
 from harness.cases.case import (
     Case,
+    Clip,
     KernelCase,
     ParamSpec,
     ReshardCase,
@@ -11,6 +12,7 @@ from harness.cases.case import (
 )
 from harness.cases.strategies import (
     cases,
+    clip_cases,
     layout_cases,
     matrix_shapes,
     muon_settings,
@@ -25,11 +27,13 @@ from harness.cases.strategies import (
 
 __all__ = [
     "Case",
+    "Clip",
     "KernelCase",
     "ParamSpec",
     "ReshardCase",
     "candidate_name",
     "cases",
+    "clip_cases",
     "layout_cases",
     "matrix_shapes",
     "muon_settings",

@@ -90,6 +90,22 @@ class ParamSpec(NamedTuple):
         return " ".join([f"{self.name}{list(self.shape)} {self.dtype}", *(e for e in extras if e)])
 
 
+class Clip(NamedTuple):
+    """Gradient-norm clipping before every step (``harness.tasks.clipping``): the candidate's
+    declared ``clip`` (``Candidate.clip``), else ``torch.nn.utils.clip_grad_norm_``, called as
+    ``clip(model, max_norm, norm_type)`` on the laid-out model. ``tied``: a parameter the model
+    also holds under a second name, as a tied embedding and output head are one tensor."""
+
+    max_norm: float
+    norm_type: float = 2.0
+    tied: str | None = None
+
+    def describe(self) -> str:
+        norm = "inf" if self.norm_type == float("inf") else f"{self.norm_type:g}"
+        tied = f", {self.tied} tied" if self.tied else ""
+        return f"clip to {self.max_norm:g} ({norm}-norm{tied})"
+
+
 @dataclass(frozen=True)
 class Case:
     """One optimizer example: parameters, settings, steps, world and layout, and a seed."""
@@ -125,6 +141,8 @@ class Case:
     tier: Any = field(default=None, compare=False)
     #: the reference class it is judged against (``None``: ``reference.Muon``; see ``harness.algorithms``)
     reference: Any = None
+    #: gradient-norm clipping before every step (``None``: none)
+    clip: Clip | None = None
 
     def settings_dict(self) -> dict[str, Any]:
         """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""
@@ -156,6 +174,8 @@ class Case:
             from harness.algorithms import reference_of
 
             parts.append(f"reference {reference_of(self).name}")
+        if self.clip is not None:
+            parts.append(self.clip.describe())
         if self.checkpoint_after is not None:
             parts.append(f"checkpoint after step {self.checkpoint_after}")
         if self.candidate is not None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
-from harness.cases.case import Case, DType, GradKind, Mode, ParamSpec, ReshardCase, Style, stored_setting
+from harness.cases.case import Case, Clip, DType, GradKind, Mode, ParamSpec, ReshardCase, Style, stored_setting
 from harness.layouts import DRAWN, Layout
 
 if TYPE_CHECKING:
@@ -293,6 +294,7 @@ def layout_cases(
     max_params: int = 3,
     max_steps: int = 3,
     algorithm: Algorithm | None = None,
+    families: Collection[Layout] | None = None,
 ) -> st.SearchStrategy[Case]:
     """Cases laid out as users lay out tensor parallelism: ``tp`` ranks of ``parallelize_module``
     (each matrix ``ColwiseParallel``, ``RowwiseParallel`` or replicated) alone on a 1-D mesh,
@@ -303,7 +305,8 @@ def layout_cases(
     and over ``efsdp`` by rows); with eight, HSDP × TP on a 3-D mesh. Each family is drawn as
     often as the others, then a world size it runs on. Shrinks towards today's layout: pure
     TP on ``min_world`` ranks, colwise, which is ``(Shard(0),)`` on a 1-D mesh (on one rank:
-    FSDP2 alone). ``algorithm`` (``None``: ``reference.Muon``) gives the settings drawn."""
+    FSDP2 alone). ``algorithm`` (``None``: ``reference.Muon``) gives the settings drawn;
+    ``families`` draws those layout families only (a negative control aimed at one)."""
     from harness.algorithms import MUON
 
     _check_bounds("min_world", min_world, "max_world", max_world)
@@ -311,18 +314,24 @@ def layout_cases(
     settings_drawn = settings_of(algorithm)
 
     # the family first, then a world size it runs on: every family as often as the others
-    families: dict[Layout, list[tuple[int, int, int, tuple[int, ...]]]] = {}
+    drawn_families: dict[Layout, list[tuple[int, int, int, tuple[int, ...]]]] = {}
     for w in range(min_world, max_world + 1):
         options = _layouts(w)
         for tp, ep, mesh in options[1:] or options:  # FSDP2 alone only on one rank
             family = Case(params=(), world_size=w, mesh=mesh, tp=tp, ep=ep).layout
-            families.setdefault(family, []).append((w, tp, ep, mesh))
+            drawn_families.setdefault(family, []).append((w, tp, ep, mesh))
+    if families is not None:
+        drawn_families = {f: w for f, w in drawn_families.items() if f in families}
+        if not drawn_families:
+            raise ValueError(
+                f"families={sorted(f.name for f in families)}: none is drawn on {min_world}..{max_world} ranks"
+            )
 
-    family_drawn = st.sampled_from(list(families))
-    layouts_drawn = {family: st.sampled_from(worlds) for family, worlds in families.items()}
+    family_drawn = st.sampled_from(list(drawn_families))
+    layouts_drawn = {family: st.sampled_from(worlds) for family, worlds in drawn_families.items()}
     # shapes by the count a matrix is split into and whether experts are stacked
     shapes: dict[tuple[int, bool], st.SearchStrategy[tuple[int, ...]]] = {}
-    for worlds in families.values():
+    for worlds in drawn_families.values():
         for _, tp, ep, mesh in worlds:
             split = _split(tp, mesh)
             shapes[split, ep > 1] = matrix_shapes(max_side=24, world_size=split, experts=ep > 1)
@@ -381,6 +390,51 @@ def row_block_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int =
             params.append(p)
         setting = ("ns_split", split) if split else ("ns_heads", heads)
         return replace(base, params=tuple(params), settings=(*base.settings, setting))
+
+    return draw_case()
+
+
+#: a clip's ``max_norm``: far below a drawn gradient's norm (every step clipped), near it, far above (never)
+_MAX_NORMS = st.sampled_from([1.0, 1e-3, 0.5, 10.0, 1e4])
+_NORM_TYPES = st.sampled_from([2.0, float("inf"), 1.0])
+
+
+def clip_cases(
+    *,
+    max_world: int = 2,
+    max_params: int = 3,
+    max_steps: int = 2,
+    algorithm: Algorithm | None = None,
+    families: Collection[Layout] | None = None,
+) -> st.SearchStrategy[Case]:
+    """Cases with gradient-norm clipping before every step (``Case.clip``): FSDP2 and HSDP on 1
+    to ``max_world`` ranks (``cases``), and every family ``layout_cases`` draws, where a matrix
+    may be TP-replicated and, for a hybrid algorithm, a vector of AdamW's group is replicated
+    over ``tp`` (or ``ep``) and sharded over the data-parallel dim; each parameter's gradients
+    at a scale of their own, so that any one of them may carry most of the norm or almost none.
+    A ``max_norm`` that clips every step, none, or some; the 2-, inf- and 1-norm; and one
+    parameter held under a second name as well (tied) or none. Shrinks towards FSDP2 on one rank,
+    one matrix, the 2-norm clipped to 1, nothing tied. ``families``: those of ``layout_cases``
+    only (a negative control aimed at one)."""
+    from harness.algorithms import MUON
+
+    algorithm = algorithm or MUON
+    bounds = {"max_world": max_world, "max_params": max_params, "max_steps": max_steps, "algorithm": algorithm}
+    laid_out = layout_cases(min_world=min(2, max_world), families=families, **bounds)  # type: ignore[arg-type]
+    bases = laid_out if families is not None else st.one_of(cases(hsdp=True, **bounds), laid_out)  # type: ignore[arg-type]
+    vectors = st.one_of(st.none(), st.integers(1, 3 * max_world + 1)) if algorithm.hybrid else st.none()
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        base = draw(bases)
+        params = [p._replace(grad_scale=draw(_GRAD_SCALES)) for p in base.params]
+        length = draw(vectors) if base.tp > 1 or base.ep > 1 else None
+        if length is not None:
+            params.append(ParamSpec(f"w{len(params)}", (length,), draw(st.sampled_from(["float32", "bfloat16"])),
+                                    use_muon=False, grad_scale=draw(_GRAD_SCALES)))  # fmt: skip
+        tied = draw(st.one_of(st.none(), st.sampled_from([p.name for p in params])))
+        clip = Clip(draw(_MAX_NORMS), draw(_NORM_TYPES), tied)
+        return replace(base, params=tuple(params), clip=clip, checkpoint_after=None)
 
     return draw_case()
 

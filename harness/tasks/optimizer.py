@@ -24,6 +24,7 @@ from harness.cases.case import Case, ParamSpec
 from harness.cases.tensors import generator, gradient, initial_param
 from harness.ranks import RankContext
 from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, remove_checkpoint
+from harness.tasks.clipping import clip_step, tie
 from harness.tasks.common import PIECE, local_piece, mesh_for, shard_like
 from harness.tasks.layouts import build_model, case_param, zeros_of
 from harness.tasks.phases import Phases
@@ -54,6 +55,7 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
     ref_by_name = by_name(ref)
     model = build_model(case, tensors, mesh)
     opt = candidate_side(case, model)
+    tie(case, model)
     twin = twin_side(ctx, case, unparallel(case, tensors)) if case.self_reference else None
     phases.lap("set-up (mesh, fully_shard, optimizers)")
     records: list[Comparison] = []
@@ -72,6 +74,9 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
                 p = case_param(twin[0], spec.name)
                 p.grad = None if g is None else shard_like(g, p)
         phases.lap("inputs")
+        if case.clip is not None and ref is not None:
+            records += clip_step(case, step, ctx.rank, model, ref_by_name)
+            phases.lap("clip (with its collectives)")
         if ref is not None:
             ref.step()
         phases.lap("reference step")

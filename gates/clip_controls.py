@@ -1,0 +1,109 @@
+"""Gradient-norm clipping written by hand on DTensor pieces, correct and with the bugs reported
+in 2026 planted, each declared as the ``clip`` of a candidate that steps with ``ShardedMuon``
+(negative controls of the clipping gate, ``gates/test_clip_gates.py``).
+
+``planted_clip`` sums ``|g|ᵖ`` (or takes ``max |g|``) over each rank's piece in float32 and
+reduces it over the mesh dims the gradient is sharded on (``Shard``, ``_StridedShard``), and only those: a replicated dim
+holds copies, which count once. Then it scales every piece by torch's coefficient. Unplanted,
+it is a correct clip that sums in its own order (within the tier, never bitwise). The bugs:
+
+* ``replicas``: the piece's sum reduced over every mesh dim, so a TP-replicated weight, an
+  HSDP replica or an expert-replicated vector counts once per copy (Megatron-style code that
+  all-reduces over the whole model-parallel group);
+* ``tied``: parameters read by ``named_parameters(remove_duplicate=False)``, so a weight tied
+  under two names counts twice (the scale is still applied once);
+* ``experts``: a 3-D expert stack's sum reduced over its rows' dim only, not over the
+  expert-parallel dim, so the norm holds one EP rank's experts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+from distributed_impl import ShardedMuon
+from harness.candidates import Candidate
+from harness.layouts import EP_EFSDP, Layout
+from reference.clipping import clip_coefficient
+
+
+def planted_clip(model: nn.Module, max_norm: float, norm_type: float, bug: str | None = None) -> Tensor:
+    """Clips ``model``'s gradients by hand (see the module docstring); returns the total norm."""
+    p = float(norm_type)
+    infinite = math.isinf(p)
+    params = [q for _, q in model.named_parameters(remove_duplicate=bug != "tied")]
+    grads = [q.grad for q in params if q.grad is not None]
+    total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
+    for g in grads:
+        local = (g.to_local() if isinstance(g, DTensor) else g).float().abs()
+        part = (local.amax() if local.numel() else local.new_zeros(())) if infinite else local.pow(p).sum()
+        if isinstance(g, DTensor):
+            for dim, placement in enumerate(g.placements):
+                skip_ep = bug == "experts" and g.ndim == 3 and dim == 0 and g.device_mesh.ndim > 1
+                if (not placement.is_replicate() or bug == "replicas") and not skip_ep:
+                    op = dist.ReduceOp.MAX if infinite else dist.ReduceOp.SUM
+                    dist.all_reduce(part, op=op, group=g.device_mesh.get_group(dim))
+        total = torch.maximum(total, part) if infinite else total + part
+    norm = total if infinite else total.pow(1.0 / p)
+    coefficient = clip_coefficient(norm, max_norm)
+    for g in {id(q.grad): q.grad for q in params if q.grad is not None}.values():
+        (g.to_local() if isinstance(g, DTensor) else g).mul_(coefficient)
+    return norm
+
+
+def unplanted_clip(model: nn.Module, max_norm: float, norm_type: float) -> Tensor:
+    return planted_clip(model, max_norm, norm_type)
+
+
+def replicas_clip(model: nn.Module, max_norm: float, norm_type: float) -> Tensor:
+    return planted_clip(model, max_norm, norm_type, "replicas")
+
+
+def tied_clip(model: nn.Module, max_norm: float, norm_type: float) -> Tensor:
+    return planted_clip(model, max_norm, norm_type, "tied")
+
+
+def experts_clip(model: nn.Module, max_norm: float, norm_type: float) -> Tensor:
+    return planted_clip(model, max_norm, norm_type, "experts")
+
+
+def _declared(clip: Any) -> Candidate:
+    return Candidate(**ShardedMuon.muongate, clip=clip)
+
+
+@_declared(unplanted_clip)
+def UnplantedClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
+    """``ShardedMuon`` with the hand-written clip, no bug planted."""
+    return ShardedMuon(param_groups, **settings)
+
+
+@_declared(replicas_clip)
+def ReplicasClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
+    """A replicated gradient counted once per copy."""
+    return ShardedMuon(param_groups, **settings)
+
+
+@_declared(tied_clip)
+def TiedTwiceClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
+    """A tied weight counted twice."""
+    return ShardedMuon(param_groups, **settings)
+
+
+@_declared(experts_clip)
+def OneEpRankClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
+    """Expert norms summed over one expert-parallel rank."""
+    return ShardedMuon(param_groups, **settings)
+
+
+#: each control, the fewest ranks its bug can show on, and the layout families it is searched
+#: on (``None``: every one the clipping gate draws)
+CLIP_CONTROLS: dict[str, tuple[Any, int, frozenset[Layout] | None]] = {
+    "ReplicasClipMuon": (ReplicasClipMuon, 2, None),
+    "TiedTwiceClipMuon": (TiedTwiceClipMuon, 1, None),
+    "OneEpRankClipMuon": (OneEpRankClipMuon, 4, frozenset({EP_EFSDP})),
+}
