@@ -375,6 +375,18 @@ class FirstBlockScaleMuon(PlantedMuon):
 
 
 #: the per-head gate's negative controls
+class FlattenedRoutingMuon(PlantedMuon):
+    """Routes each parameter by its flattened view, as code that routes FSDP1's flat parameters
+    (or a 1-D view of a shard) does: no matrix is left, so every one steps with AdamW, the
+    silent fallback the routing audit is for."""
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        if p.flatten().ndim >= 2:
+            super()._muon_step(p, grad, state, group)
+        else:
+            self._adamw_step(p, grad, state, group)
+
+
 HEAD_CONTROLS: dict[str, type[PlantedMuon]] = {
     "LocalHeadsMuon": LocalHeadsMuon,
     "ShardNormHeadsMuon": ShardNormHeadsMuon,

@@ -28,6 +28,12 @@ as class attributes, what the gates need to know about its algorithm:
 ``ENGINE_NAME`` (optional, default none)
     the optimizer's name in the engine contract (``harness.engines``): an engine case that
     asks for ``muon`` is judged against the registered family that declares that name.
+``ROUTES`` (optional, default none)
+    the state that shows which algorithm stepped a parameter, by the algorithm's name:
+    ``{"Muon": ("momentum_buffer",), "AdamW": ("exp_avg", "exp_avg_sq")}``. A hybrid
+    reference's first route is its ``use_muon`` groups', and ``AdamW`` its other groups'. The
+    routing audit (``gates/test_routing_gates.py``) reads a candidate's state by them; a
+    reference that declares none is not audited, and the gate says so.
 
 The families muongate brings are registered once, in ``FAMILIES``.
 
@@ -68,6 +74,8 @@ class Algorithm:
     claims: frozenset[str] = frozenset()
     #: its name in the engine contract (``ENGINE_NAME``)
     engine_name: str | None = None
+    #: the state that shows which algorithm stepped a parameter (``ROUTES``)
+    routes: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -123,6 +131,7 @@ class Algorithm:
             spec, factory, defaults, dict(factory.SPACE), dict(factory.CONVENTIONS), ndims, tuple(factory.STATE),
             bool(getattr(factory, "ELEMENTWISE", False)), frozenset(getattr(factory, "CLAIMS", ())),
             getattr(factory, "ENGINE_NAME", None),
+            {name: tuple(keys) for name, keys in getattr(factory, "ROUTES", {}).items()},
         )  # fmt: skip
 
     @classmethod
@@ -133,6 +142,14 @@ class Algorithm:
         if spec == NONE:
             return NO_REFERENCE
         return cls.of(load_object(spec), spec)
+
+    def route_of(self, use_muon: bool) -> str | None:
+        """The route (``ROUTES``) a parameter of a ``use_muon`` group, or of another, is declared
+        for: a hybrid reference's first for ``use_muon``, else ``AdamW``; any other's first."""
+        names = list(self.routes)
+        if not names:
+            return None
+        return names[0] if use_muon or not self.hybrid else "AdamW" if "AdamW" in self.routes else None
 
     def check(self, settings: Mapping[str, Any]) -> list[str]:
         """Why the reference cannot take these settings (unknown keys, refused values), or nothing."""

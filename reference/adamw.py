@@ -226,6 +226,8 @@ class AdamW(PerParameter):
     DEFAULTS: ClassVar[dict[str, Any]] = ADAMW_DEFAULTS
     #: the optimizer's name in the engine contract (``harness.engines``)
     ENGINE_NAME: ClassVar[str | None] = "adamw"
+    #: the state that shows a parameter stepped as AdamW (the routing audit)
+    ROUTES: ClassVar[dict[str, tuple[str, ...]]] = {"AdamW": ("exp_avg", "exp_avg_sq")}
     STEP: ClassVar[Callable[..., None]] = adam_step
     VALIDATE = validate_adamw_settings
 

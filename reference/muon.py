@@ -655,6 +655,9 @@ class Muon(torch.optim.Optimizer):
     )
     #: the optimizer's name in the engine contract (``harness.engines``)
     ENGINE_NAME: ClassVar[str | None] = "muon"
+    #: the state that shows which algorithm stepped a parameter: a ``use_muon`` group's (the
+    #: first route) or an AdamW group's; the routing audit reads a candidate's state by it
+    ROUTES: ClassVar[dict[str, tuple[str, ...]]] = {"Muon": ("momentum_buffer",), "AdamW": ("exp_avg", "exp_avg_sq")}
     #: raises ``ValueError`` naming the first setting of a param group out of range (as ``PerParameter``'s)
     VALIDATE: ClassVar[Callable[[dict[str, Any]], None]] = validate_settings
 

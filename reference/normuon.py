@@ -161,6 +161,10 @@ class NorMuon(Muon):
     #: Newton–Schulz's output (the spectrum, the norm's ties and Muon's causes say nothing of it)
     CLAIMS: ClassVar[frozenset[str]] = frozenset({"hybrid_groups"})
     ENGINE_NAME: ClassVar[str | None] = None
+    ROUTES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "NorMuon": ("momentum_buffer", "second_moment"),
+        "AdamW": ("exp_avg", "exp_avg_sq"),
+    }
 
     VALIDATE: ClassVar[Callable[[dict[str, Any]], None]] = validate_normuon_settings
 

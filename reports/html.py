@@ -21,6 +21,8 @@ from reports.summary import (
     GATE_COLUMNS,
     GATE_LEGEND,
     OUTCOMES,
+    ROUTING_COLUMNS,
+    ROUTING_TITLE,
     SCENARIO_COLUMNS,
     TRAINING_COLUMNS,
     GateSummary,
@@ -34,6 +36,7 @@ from reports.summary import (
     names_candidate,
     outcome_counts,
     outcome_line,
+    routing_caption,
     scenario_row,
     skip_groups,
     training_row,
@@ -71,6 +74,12 @@ def anchor(gate: str) -> str:
 
 def _e(text: object) -> str:
     return html.escape(str(text))
+
+
+def _verdict_cell(verdict: str) -> str:
+    """A routing verdict, coloured as the report colours verdicts."""
+    css = {"ok": "pass", "wrong": "fail"}.get(verdict, "skip")
+    return f'<span class="{css}">{_e(verdict)}</span>'
 
 
 def _table(
@@ -665,6 +674,15 @@ def page(summary: RunSummary) -> str:
             _table("bits per byte, first → last step", TRAINING_COLUMNS, training_rows, numeric={"steps"}),
         ]
         parts.append("".join(f"<figure>{_loss_curve(r)}</figure>" for r in summary.training if r.train_bits))
+    for routing in summary.routings:
+        routing_rows = [
+            [_e(name), _e(declared), _e(stepped), _verdict_cell(verdict)]
+            for name, declared, stepped, verdict in routing.rows
+        ]
+        parts += [
+            f"<h2>Routing</h2><p>{_e(routing_caption(routing))}</p>",
+            _table(ROUTING_TITLE, ROUTING_COLUMNS, routing_rows, numeric=set()),
+        ]
     if summary.skips:
         parts.append(_skips(summary))
     if gates:

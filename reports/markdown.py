@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from reports.summary import (
     GATE_COLUMNS,
     GATE_LEGEND,
+    ROUTING_COLUMNS,
     SCENARIO_COLUMNS,
     TRAINING_COLUMNS,
     RunSummary,
@@ -16,6 +17,7 @@ from reports.summary import (
     layout_rows,
     names_candidate,
     outcome_line,
+    routing_caption,
     scenario_row,
     skip_groups,
     test_names,
@@ -90,6 +92,9 @@ def to_markdown(summary: RunSummary) -> str:
         lines += _table(
             TRAINING_COLUMNS, [training_row(r) for r in summary.training], set(TRAINING_COLUMNS) - {"gate", "case"}
         )
+    for routing in summary.routings:
+        lines += ["", "## Routing", "", _cell(routing_caption(routing)), ""]
+        lines += _table(ROUTING_COLUMNS, [tuple(row) for row in routing.rows], set())
     if summary.skips:
         lines += ["", f"## Skipped: {len(summary.skips)} gate test(s)", ""]
         for text, skips in skip_groups(summary):

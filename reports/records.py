@@ -18,7 +18,7 @@ Kinds:
     rank. So they are written as a table, ``{"rows": [...], "at": [...]}``: each distinct
     comparison less its step and rank once, as a short array (``Comparison.ROW``), and each
     comparison as ``[index, step, rank]`` less trailing zeros (a bare index where both are 0).
-``skip``, ``scenario``, ``training``, ``spectrum``, ``negative_control``
+``skip``, ``scenario``, ``training``, ``spectrum``, ``negative_control``, ``routing``
     a skipped gate and why; what an MoE scenario did; a loss curve; singular values of an
     orthogonalized matrix; a known-wrong variant and whether the gates caught it.
 
@@ -441,8 +441,22 @@ class NegativeControl(Record):
     message: str = ""
 
 
+@dataclass(frozen=True)
+class Routing(Record):
+    """Which algorithm stepped each parameter of one case (the routing audit): per parameter,
+    its name and shape, the algorithm declared for it, the one its state showed (by rank where
+    the ranks differ), and the verdict, ``ok``, ``wrong`` or ``not shown``; ``case``: its world,
+    layout and steps."""
+
+    kind: ClassVar[str] = "routing"
+    gate: str
+    case: str
+    judged: str = ""
+    rows: tuple[tuple[str, str, str, str], ...] = ()
+
+
 KINDS: dict[str, type[Record]] = {
-    cls.kind: cls for cls in (Header, CaseResult, Skip, Scenario, Training, Spectrum, NegativeControl)
+    cls.kind: cls for cls in (Header, CaseResult, Skip, Scenario, Training, Spectrum, NegativeControl, Routing)
 }
 
 

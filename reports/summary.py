@@ -18,6 +18,7 @@ from reports.records import (
     Header,
     NegativeControl,
     Record,
+    Routing,
     Scenario,
     Skip,
     Spectrum,
@@ -142,6 +143,8 @@ class RunSummary:
     scenarios: list[Scenario] = field(default_factory=list)
     training: list[Training] = field(default_factory=list)
     spectra: list[Spectrum] = field(default_factory=list)
+    #: the routing audits, the latest of each gate
+    routings: list[Routing] = field(default_factory=list)
     #: cases that judged the session's candidate (``CaseResult.judged``), not counting those not judged
     candidate_cases: int = 0
 
@@ -181,6 +184,8 @@ def summarize(records: Iterable[Record]) -> RunSummary:
             summary.training = [t for t in summary.training if (t.gate, t.case) != (r.gate, r.case)] + [r]
         elif isinstance(r, Spectrum):
             summary.spectra.append(r)
+        elif isinstance(r, Routing):
+            summary.routings = [x for x in summary.routings if x.gate != r.gate] + [r]
     summary.failures = [last_failure[k] for k in sorted(last_failure)]
     return summary
 
@@ -257,6 +262,15 @@ def scenario_row(r: Scenario) -> tuple[str, str, str, str, str]:
 
 
 SCENARIO_COLUMNS = ("gate", "scenario", "outcome", "seconds", "what showed it")
+ROUTING_COLUMNS = ("parameter", "declared", "stepped as", "verdict")
+ROUTING_TITLE = "which algorithm stepped each parameter, as the candidate's state shows it"
+
+
+def routing_caption(r: Routing) -> str:
+    """What a routing table is of: the gate, whose code, and the case."""
+    return f"{r.gate}: {r.judged or 'the candidate'} on {r.case}"
+
+
 TRAINING_COLUMNS = ("gate", "case", "steps", "train bits/byte", "held-out bits/byte")
 GATE_COLUMNS = (
     "gate",
@@ -324,7 +338,8 @@ def gate_outcome(g: GateSummary) -> str:
         return "not judged"
     if g.within_causes:
         return "within causes"
-    return "in tier" if g.tolerance_passes else "bitwise"
+    # a verdict the gate reached itself, in a tier it names (a band, the routing audit), is not a bitwise one
+    return "in tier" if g.tolerance_passes or g.tiers - {"bitwise"} else "bitwise"
 
 
 #: the outcomes a run's top line counts (``outcome_line``), in its order; a crash counts by its name after them

@@ -18,6 +18,8 @@ from rich.text import Text
 from reports.summary import (
     GATE_COLUMNS,
     GATE_LEGEND,
+    ROUTING_COLUMNS,
+    ROUTING_TITLE,
     SCENARIO_COLUMNS,
     TRAINING_COLUMNS,
     RunSummary,
@@ -26,6 +28,7 @@ from reports.summary import (
     gate_row,
     layout_rows,
     outcome_line,
+    routing_caption,
     scenario_row,
     skip_reason,
     title,
@@ -191,6 +194,13 @@ def render(summary: RunSummary) -> Group:
         )
         for t in summary.training:
             table.add_row(*map(_text, training_row(t)))
+        parts.append(_Fitted(table))
+    for routing in summary.routings:
+        table = _table(f"routing: {ROUTING_TITLE}", ROUTING_COLUMNS, set(ROUTING_COLUMNS))
+        table.caption = _text(routing_caption(routing))
+        for name, declared, stepped, verdict in routing.rows:
+            style = {"ok": "green", "wrong": "bold red"}.get(verdict, "yellow")
+            table.add_row(_text(name), _text(declared), _text(stepped), _text(verdict, style))
         parts.append(_Fitted(table))
     for reason, n in Counter(skip_reason(s) for s in summary.skips).most_common():
         parts.append(_text(f"SKIPPED {n} gate test(s): {reason}", "yellow"))

@@ -36,6 +36,7 @@ from reports.records import (
     Header,
     NegativeControl,
     Record,
+    Routing,
     Scenario,
     Skip,
     Spectrum,
@@ -170,6 +171,15 @@ others = st.one_of(
         band=st.tuples(figure, figure),
     ),
     st.builds(NegativeControl, gate=names, detected=st.booleans(), case=texts, message=texts),
+    st.builds(
+        Routing,
+        gate=names,
+        case=texts,
+        judged=texts,
+        rows=st.lists(
+            st.tuples(texts, texts, texts, st.sampled_from(["ok", "wrong", "not shown"]) | texts), max_size=3
+        ).map(tuple),
+    ),
 )
 runs = st.builds(lambda h, rest: [h, *rest], headers, st.lists(cases | others, max_size=8))
 

@@ -50,4 +50,4 @@ def run_on(
     results = [r for r in outcome.results if isinstance(r, TaskResult)]
     comparisons = tuple(c for r in results for c in r.comparisons)
     figures = outcome.results[0].figures if isinstance(outcome.results[0], TaskResult) else {}
-    return Ran(case, outcome, comparisons, figures)
+    return Ran(case, outcome, comparisons, figures, tuple(route for r in results for route in r.routes))

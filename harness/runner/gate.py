@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from hypothesis import note
 from hypothesis import strategies as st
@@ -28,8 +28,20 @@ from harness.runner.findings import AlreadyShrunk, ShrinkMemory, fail
 from harness.runner.policy import TASKS_OF_MODELS, SkipPolicy
 from harness.runner.ran import Ran, RankCase, robust_finding
 from harness.runner.record import Recorder
+from harness.runner.routing import judge_routes
 from harness.tasks.training import TrainingSpec
-from reports.records import BEYOND_CAUSES, CAUSE_REACH, GREEN, NOT_FAILED, Comparison, Header, Record, Spectrum, Status
+from reports.records import (
+    BEYOND_CAUSES,
+    CAUSE_REACH,
+    GREEN,
+    NOT_FAILED,
+    Comparison,
+    Header,
+    Record,
+    Routing,
+    Spectrum,
+    Status,
+)
 from reports.stream import ResultStream
 from reports.summary import GateSummary
 
@@ -165,9 +177,11 @@ class GateRunner:
         figures: Mapping[str, float] | None = None,
         spectrum: Mapping[str, Any] | None = None,
         seconds: float = 0.0,
+        status: Status | None = None,
     ) -> None:
         """A verdict the gate reached itself (a band, finiteness): written, and a failure unless
-        ``passed``. ``spectrum`` (``shape``, ``dtype``, ``singular_values``, ``band``) is drawn in the report."""
+        ``passed``. ``spectrum`` (``shape``, ``dtype``, ``singular_values``, ``band``) is drawn in the report.
+        ``status``: another than ``passed`` or ``failed`` (``not judged``)."""
         __tracebackhide__ = True
         if spectrum is not None:
             self.write(
@@ -180,13 +194,31 @@ class GateRunner:
                 ),
                 sync=False,
             )
-        status: Status = "passed" if passed else "failed"
+        status = status or ("passed" if passed else "failed")
         self._record(
-            gate, None, status, message, 0.0, described=described, tier=tier,
+            gate, None, status, message, seconds, described=described, tier=tier,
             comparisons=tuple(comparisons), figures=dict(figures or {}),
         )  # fmt: skip
-        if not passed:
+        if status not in NOT_FAILED:
             fail(self._failure(gate, message, described))
+
+    def route(self, gate: str, case: Case, *, table: bool = False) -> Ran:
+        """The routing audit of a case (``harness.runner.routing``): which algorithm stepped each
+        parameter, as the candidate's state shows it, on every rank; red where one stepped as
+        another than declared. ``table``: the report lists its parameters (a ``Routing`` record)."""
+        __tracebackhide__ = True
+        self.policy.runnable(gate)
+        ran = self.measured(gate, case, task="optimizer")
+        rows, status, message = judge_routes(ran.routes)
+        described = ran.case.describe()
+        if table:
+            ran_case = cast(Case, ran.case)
+            steps = f"{ran_case.steps} step{'s' if ran_case.steps > 1 else ''}"
+            layout = f"world {ran_case.world_size}, {ran_case.layout.title}, {steps}"
+            self.write(Routing(gate, layout, self._judged(ran.case), rows), sync=False)
+        self.judge(gate, described, status == "passed", message, tier="routing", status=status,
+                   seconds=ran.outcome.seconds)  # fmt: skip
+        return ran
 
     def catch(
         self,

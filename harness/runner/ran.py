@@ -25,12 +25,14 @@ class RankCase(Protocol):
 
 @dataclass(frozen=True)
 class Ran:
-    """A case that ran: the pool's outcome, every rank's comparisons, and rank 0's figures."""
+    """A case that ran: the pool's outcome, every rank's comparisons, rank 0's figures, and
+    every rank's routes (``harness.tasks.routing.Route``)."""
 
     case: RankCase
     outcome: CaseOutcome
     comparisons: tuple[Comparison, ...]
     figures: Mapping[str, Any] = field(default_factory=dict)
+    routes: tuple[Any, ...] = ()
 
     @property
     def against(self) -> str:

@@ -29,6 +29,7 @@ from harness.tasks.common import PIECE, local_piece, mesh_for, shard_like
 from harness.tasks.layouts import build_model, case_param, zeros_of
 from harness.tasks.phases import Phases
 from harness.tasks.result import TaskResult
+from harness.tasks.routing import audit
 from harness.tasks.sides import (
     Side,
     against_reference,
@@ -93,7 +94,7 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
             records += against_twin(case, step, ctx.rank, twin, opt, model)
         phases.lap("compare")
     phases.keep()
-    return TaskResult(tuple(records))
+    return TaskResult(tuple(records), routes=audit(case, ref, opt, model, ctx.rank))
 
 
 def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, Tensor | None]:

@@ -11,8 +11,10 @@ from reports.records import Comparison
 
 @dataclass(frozen=True)
 class TaskResult:
-    """A rank's comparisons (``reports.records.Comparison``) and the figures it measured
-    besides them (loss curves, singular values, finiteness), as plain values."""
+    """A rank's comparisons (``reports.records.Comparison``), the figures it measured besides
+    them (loss curves, singular values, finiteness), as plain values, and its routes."""
 
     comparisons: tuple[Comparison, ...] = ()
     figures: Mapping[str, Any] = field(default_factory=dict)
+    #: which algorithm stepped each parameter on this rank (``harness.tasks.routing.Route``)
+    routes: tuple[Any, ...] = ()

@@ -1,0 +1,49 @@
+"""Claims about the routing audit's parts: which route a candidate's state shows
+(``harness.tasks.routing``), the declared route of each group (``Algorithm.route_of``), and
+the verdict over every rank (``harness.runner.routing``)."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.algorithms import MUON, Algorithm
+from harness.runner.routing import judge_routes
+from harness.tasks.routing import NO_STATE, Route, stepped_route
+from reference import Adafactor, AdamW
+
+T = torch.zeros(())
+
+
+def test_the_state_names_the_route_whose_every_tensor_it_holds() -> None:
+    routes = MUON.routes
+    assert stepped_route(routes, {"momentum_buffer": T}) == "Muon"
+    assert stepped_route(routes, {"exp_avg": T, "exp_avg_sq": T, "step": 3}) == "AdamW"
+    assert stepped_route(routes, {"step": 3}) == NO_STATE
+    assert stepped_route(routes, {}) == NO_STATE
+    assert stepped_route(routes, {"exp_avg": T}) == "unknown (exp_avg)"
+    assert stepped_route(routes, {"momentum_buffer": T, "exp_avg": T, "exp_avg_sq": T}).startswith("unknown")
+
+
+def test_a_hybrid_reference_declares_its_own_route_for_use_muon_and_adamw_for_the_rest() -> None:
+    assert (MUON.route_of(True), MUON.route_of(False)) == ("Muon", "AdamW")
+    adamw = Algorithm.of(AdamW)
+    assert (adamw.route_of(True), adamw.route_of(False)) == ("AdamW", "AdamW")
+    assert Algorithm.of(Adafactor).route_of(True) is None
+
+
+def _routes(*stepped: str, declared: str = "Muon") -> list[Route]:
+    return [Route("w0", (4, 4), rank, declared, s) for rank, s in enumerate(stepped)]
+
+
+def test_a_matrix_stepped_as_adamw_on_one_rank_is_red_and_names_the_ranks() -> None:
+    rows, status, message = judge_routes(_routes("Muon", "AdamW"))
+    assert status == "failed" and rows == (("w0[4, 4]", "Muon", "Muon on rank 0; AdamW on rank 1", "wrong"),)
+    assert "w0[4, 4]: declared Muon, stepped as Muon on rank 0; AdamW on rank 1" in message
+
+
+def test_a_state_that_shows_no_route_is_never_green_by_itself() -> None:
+    assert judge_routes(_routes(NO_STATE, NO_STATE))[1] == "not judged"
+    assert judge_routes([])[1] == "not judged"
+    mixed = [*_routes("Muon", "Muon"), Route("b", (4,), 0, "AdamW", "unknown (m)")]
+    rows, status, message = judge_routes(mixed)
+    assert status == "passed" and rows[1][3] == "not shown" and "not shown by its state: b[4]" in message
