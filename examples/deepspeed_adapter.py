@@ -40,6 +40,12 @@ What it declares, and why:
   those cells fail by design.
 - Universal checkpoints (``ds_to_universal``) convert stages 1–3 of AdamW for another world
   size; DeepSpeed's converter knows AdamW's state only, so Muon's momentum is not declared.
+- Per-head Muon (``"per_head_muon": true``, ``per_head``), where the release has it: DeepSpeed
+  tags the query projection by its leaf name and the model's ``config`` and orthogonalizes it
+  per head, each head with its own shape's lr scale on the update, which is the reference's
+  ``ns_heads`` on the same conventions. Its own one-device ``MuonWithAuxAdam``, shown beside,
+  is not given the head count (DeepSpeed tags parameters in its engine only), so it steps that
+  matrix whole.
 
 What the adapter sets, as a user on a CPU machine would: the CPU accelerator where no GPU
 is seen, ``LOCAL_RANK``, no shared-memory all-reduce op (it is built at start-up where a
@@ -89,6 +95,10 @@ FIRST_WITH_MUON = Version("0.17.6")
 RELEASE = Version(deepspeed.__version__)
 #: the first release whose Muon takes ``ns_method`` ("gram", its default, or "standard")
 FIRST_WITH_NS_METHOD = Version("0.19.0")
+#: per-head Muon (``"per_head_muon": true``: each attention projection the model's config
+#: describes orthogonalized per head), where the release has it
+PER_HEAD_SETTING = "per_head_muon"
+PER_HEAD = hasattr(deepspeed, "resolve_per_head_muon_after_sharding")
 
 
 def refusal(release: Version, has_muon: bool) -> str | None:
@@ -140,6 +150,8 @@ def ds_config(config: EngineConfig) -> dict[str, Any]:
         params["momentum"] = s["momentum"]
         if "ns_method" in s:
             params["ns_method"] = s["ns_method"]
+        if s.get(PER_HEAD_SETTING):
+            params[PER_HEAD_SETTING] = True
     else:
         params.update(betas=list(s["betas"]), eps=s["eps"])
     zero: dict[str, Any] = {"stage": config.stage}
@@ -362,6 +374,7 @@ def conventions(config: EngineConfig, release: Version = RELEASE) -> dict[str, A
     # each said in the module docstring; the bf16 momentum fails the bf16 Muon cells of stages 1–3
     # by design (examples/findings/deepspeed_muon_bf16_momentum.py)
     differences={"muon": ("bf16 momentum at stages 1–3",), "*": ("torch.compile off",)},
+    per_head=PER_HEAD_SETTING if PER_HEAD else None,
     package=f"deepspeed=={RELEASE}",
 )
 def deepspeed_zero(model: nn.Module, config: EngineConfig, group: Any) -> DeepSpeedRun:

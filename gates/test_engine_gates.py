@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from gates.examples import flat_engine
 from harness.engines import LoadedEngine
-from harness.engines.case import EngineCase, engine_cases, judged
+from harness.engines.case import EngineCase, engine_cases, judged, per_head_cases
 from harness.session import gate_config
 from reports.records import Comparison
 
@@ -67,6 +67,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         ]
         ids = [f"stage{s}-{o}-acc{a}-{d}" for s, o, a, d in cells]
         metafunc.parametrize(("stage", "optimizer", "accumulate", "dtype"), cells, ids=ids)
+    elif "head_stage" in metafunc.fixturenames:
+        metafunc.parametrize("head_stage", sorted(declared.stages), ids=[f"stage{s}" for s in sorted(declared.stages)])
     elif {"stage", "world"} <= set(metafunc.fixturenames):
         moves = [
             (s, o, w) for s in declared.reshard_stages for o in sorted(declared.reshard_optimizers) for w in (1, 4)
@@ -94,6 +96,21 @@ def test_engine_steps_like_its_one_device_side_bitwise(
         engine.spec, declared, _world(), stage=stage, optimizer=optimizer, accumulate=accumulate, dtype=dtype
     )
     gate_runner.check(f"engine:stage {stage} {optimizer} ×{accumulate} {dtype}", data.draw(cases), task="engine")
+
+
+@given(data=st.data())
+@settings(max_examples=max(3, settings().max_examples // 20))
+def test_engine_orthogonalizes_each_head_of_a_query_projection_as_the_reference_does(
+    gate_runner: Any, head_stage: int, data: Any
+) -> None:
+    """Per-head Muon (``Engine.per_head``), float32: the query projection per head, the other
+    matrices whole, bit for bit against ``reference.Muon`` with ``ns_heads`` on that matrix."""
+    engine = _engine()
+    if engine.declared.per_head is None:
+        pytest.skip(f"engine:per-head: {engine.spec} declares no per-head Muon setting (Engine.per_head)")
+    gate_runner.subject = _subject()
+    cases = per_head_cases(engine.spec, replace(engine.declared, dtypes={"float32"}), _world(), stage=head_stage)
+    gate_runner.check(f"engine:per-head stage {head_stage}", data.draw(cases), task="engine")
 
 
 #: a hand-picked case whose matrices straddle the partitions at 1, 2 and 4 ranks

@@ -39,6 +39,8 @@ DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"
         ({"stages": {1}, "conventions": 3}, "conventions"),
         ({"stages": {1}, "options": {"sgd": {"x": (1,)}}}, "options"),
         ({"stages": {1}, "options": {"muon": {"x": ()}}}, "options"),
+        ({"stages": {1}, "optimizers": {"adamw"}, "per_head": "per_head_muon"}, "per_head"),
+        ({"stages": {1}, "per_head": True}, "per_head"),
     ],
 )
 def test_an_engine_declaration_refuses_a_bad_field_by_name(fields: dict, named: str) -> None:
@@ -143,6 +145,23 @@ def test_deepspeed_rows_run_every_cell_and_show_its_stage_0_bf16_extra_step(tmp_
     muon = {name for name in gates if "muon" in name and "float32" in name}
     assert muon <= passed, (sorted(muon - passed), run.stdout[-3000:])
     assert all(set(gates[name]["verdicts"]) == {"reference", "self"} for name in muon), run.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+def test_deepspeed_per_head_muon_is_bitwise_at_stages_1_to_3_and_dropped_at_stage_0(tmp_path: Path) -> None:
+    """``"per_head_muon": true`` on a query projection the model's config describes: bitwise
+    against reference.Muon with ``ns_heads`` at stages 1, 2 and 3; red at stage 0, where DeepSpeed
+    orthogonalizes the whole matrix (examples/findings/deepspeed_per_head_muon_dropped.py), while
+    its own one-device optimizer, which is never given the head count, agrees with the engine."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip(f"needs {ENGINES}")
+    _engine_session(tmp_path, "--engine", DEEPSPEED, "-k", "each_head")
+    gates = json.loads((tmp_path / "report" / "figures.json").read_text())["gates"]
+    failed = {name for name, g in gates.items() if g["failed_cases"]}
+    assert set(gates) == {f"engine:per-head stage {s}" for s in range(4)} and failed == {"engine:per-head stage 0"}
+    compared, agreed = gates["engine:per-head stage 0"]["verdicts"]["self"]
+    assert compared == agreed, gates["engine:per-head stage 0"]
 
 
 @pytest.mark.slow

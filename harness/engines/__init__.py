@@ -69,6 +69,12 @@ made; a bad one is a ``ValueError`` naming the field):
 ``differences``
     per optimizer (and ``"*"`` for all), short names of what the engine does otherwise than the
     side it is judged against, by design; every case names them (``EngineCase.describe``).
+``per_head``
+    the Muon setting that turns its per-head Newton–Schulz on (DeepSpeed's ``per_head_muon``), or
+    ``None``. The per-head gate then sets it in ``EngineConfig.settings``, and the model's first
+    matrix is a query projection, ``q_proj.weight``, of ``heads`` heads, which the model's
+    ``config`` describes (``num_attention_heads``, ``head_dim``) as a transformer's does; the
+    reference orthogonalizes that matrix per head (``ns_heads``) and every other whole.
 ``package``
     the package it drives, for the matrix (``"deepspeed==0.19.8"``).
 
@@ -170,6 +176,7 @@ class Engine:
     reshard_optimizers: Iterable[str] = frozenset()
     missing_gradient: str = "skip"
     differences: Mapping[str, Iterable[str]] = field(default_factory=dict)
+    per_head: str | None = None
     package: str | None = None
 
     def __post_init__(self) -> None:
@@ -213,6 +220,8 @@ class Engine:
         if self.missing_gradient not in ("skip", "zeros"):
             raise ValueError(f"Engine missing_gradient={self.missing_gradient!r}: 'skip' or 'zeros'")
         put(self, "differences", {k: tuple(v) for k, v in self.differences.items()})
+        if self.per_head is not None and (not isinstance(self.per_head, str) or "muon" not in self.optimizers):
+            raise ValueError(f"Engine per_head={self.per_head!r}: the name of its Muon setting, and declare muon")
 
     def __call__(self, factory: F) -> F:
         """Declares this on ``factory`` and returns it: ``@Engine(...)`` or ``Engine(...)(factory)``."""

@@ -27,20 +27,59 @@ from harness.engines import Engine, EngineConfig
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class GradientFeed(nn.Module):
-    """Parameters ``p0, p1, …`` of the given shapes, drawn from ``seed``; the loss of a
-    micro-batch is ``Σ (p_i * c_i).sum()`` over the parameters it feeds (``c`` by name)."""
+#: the name of a case's first matrix where it is a query projection of ``EngineCase.heads`` heads
+QUERY = "q_proj.weight"
 
-    def __init__(self, shapes: tuple[tuple[int, ...], ...], seed: int, dtype: str) -> None:
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """What a transformer's ``config`` says of its attention, as engines read it to split a
+    query projection into heads (DeepSpeed's ``per_head_muon``)."""
+
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_size: int
+
+
+class Projection(nn.Module):
+    """A module of one weight whose loss is ``(weight * c).sum()``: its own forward, in which an
+    engine that gathers a module's parameters around its forward (ZeRO-3) gathers it."""
+
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, c: Tensor) -> Tensor:
+        return (self.weight * c.to(self.weight.dtype)).sum().float()
+
+
+class GradientFeed(nn.Module):
+    """Parameters ``p0, p1, …`` of the given shapes, drawn from ``seed`` (the first a query
+    projection ``q_proj.weight`` of ``heads`` heads, with the model's ``config``, where ``heads``
+    is given); the loss of a micro-batch is ``Σ (p_i * c_i).sum()`` over the parameters it feeds
+    (``c`` by name)."""
+
+    def __init__(self, shapes: tuple[tuple[int, ...], ...], seed: int, dtype: str, heads: int = 1) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
         for i, shape in enumerate(shapes):
-            value = torch.randn(shape, generator=generator).to(DTYPES[dtype])
-            self.register_parameter(f"p{i}", nn.Parameter(value))
+            value = nn.Parameter(torch.randn(shape, generator=generator).to(DTYPES[dtype]))
+            if i == 0 and heads > 1:
+                self.q_proj = Projection(value)
+                rows, cols = shape
+                self.config = AttentionConfig(heads, heads, rows // heads, cols)
+            else:
+                self.register_parameter(f"p{i}", value)
 
     def forward(self, feed: dict[str, Tensor]) -> Tensor:
         params = dict(self.named_parameters())
-        return torch.stack([(params[name] * c.to(params[name].dtype)).sum().float() for name, c in feed.items()]).sum()
+        return torch.stack(
+            [
+                self.q_proj(c) if name == QUERY else (params[name] * c.to(params[name].dtype)).sum().float()
+                for name, c in feed.items()
+            ]
+        ).sum()
 
 
 @dataclass(frozen=True)
@@ -75,6 +114,9 @@ class EngineCase:
     conventions: tuple[tuple[str, Any], ...] = ()
     #: the engine's own one-device optimizer is compared too, shown beside the verdict (``Engine.shown``)
     shown: bool = False
+    #: the heads of the first matrix, a query projection (``QUERY``) the engine orthogonalizes per
+    #: head (``Engine.per_head``); 1: no such matrix
+    heads: int = 1
 
     def __post_init__(self) -> None:
         for what, n in (("world_size", self.world_size), ("accumulate", self.accumulate)):
@@ -96,7 +138,7 @@ class EngineCase:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(f"p{i}" for i in range(len(self.shapes)))
+        return tuple(QUERY if i == 0 and self.heads > 1 else f"p{i}" for i in range(len(self.shapes)))
 
     def feed(self, step: int, rank: int, micro: int) -> dict[str, Tensor]:
         """``c`` of every parameter with a gradient, for one micro-batch of one rank."""
@@ -141,6 +183,8 @@ class EngineCase:
             )
         if self.shown:
             declared += "; its own one-device optimizer shown beside"
+        if self.heads > 1:
+            declared += f"; {QUERY} orthogonalized per head, {self.heads} heads"
         return (
             f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
             f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks{declared}"
@@ -213,6 +257,27 @@ def engine_cases(
             checkpoint_at=draw(st.none() | st.integers(0, steps - 2)) if saves else None,
         )
         return judged(case, declared)
+
+    return build()
+
+
+def per_head_cases(spec: str, declared: Engine, world_size: int, *, stage: int) -> st.SearchStrategy[EngineCase]:
+    """Cases of the engine's per-head Muon (``Engine.per_head``) at ``stage``: ``engine_cases``'
+    Muon cases, the first matrix a query projection of 2 to 4 heads of 1 to 4 rows each, with a
+    gradient, and the engine's per-head setting on."""
+    assert declared.per_head is not None, "the engine declares no per-head setting"
+    on = declared.per_head
+
+    @st.composite
+    def build(draw: Any) -> EngineCase:
+        case = draw(engine_cases(spec, declared, world_size, stage=stage, optimizer="muon", checkpoint=False))
+        heads, width, cols = draw(st.integers(2, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 9))
+        settings = tuple(sorted({**dict(case.settings), on: True}.items()))
+        shaped = replace(
+            case, shapes=((heads * width, cols), *case.shapes[1:]), no_grad=tuple(i for i in case.no_grad if i),
+            settings=settings, heads=heads,
+        )  # fmt: skip
+        return judged(shaped, declared)
 
     return build()
 

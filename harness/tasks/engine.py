@@ -27,7 +27,7 @@ from torch import nn
 import reference
 from harness.compare import compare
 from harness.engines import EngineRun, LoadedEngine
-from harness.engines.case import EngineCase, GradientFeed
+from harness.engines.case import QUERY, EngineCase, GradientFeed
 from harness.ranks import RankContext
 from harness.tasks.common import param_groups
 from harness.tasks.result import TaskResult
@@ -39,15 +39,21 @@ def reference_optimizer(
     optimizer: str,
     settings: dict[str, Any],
     conventions: dict[str, Any] | None = None,
+    heads: int = 1,
 ) -> torch.optim.Optimizer:
     """muongate's reference of an engine's ``optimizer`` on ``named``: ``reference.Muon`` (every
     matrix by Newton–Schulz, the rest by its AdamW at the same lr and decay) or ``reference.AdamW``,
     with ``conventions`` (``Engine.conventions``) over the case's settings. The engine's own
-    options (``Engine.options``) are the engine's: they reach the reference through ``conventions`` only."""
+    options (``Engine.options``) are the engine's: they reach the reference through ``conventions`` only.
+    ``heads`` > 1: the query projection (``QUERY``) in a group of its own, orthogonalized per head
+    (``ns_heads``)."""
     if optimizer == "adamw":
         common = {k: settings[k] for k in ("lr", "weight_decay", "betas", "eps")}
         return reference.AdamW([p for _, p in named], **{**common, **(conventions or {})})
-    groups = param_groups((n, p, p.ndim >= 2) for n, p in named)
+    groups = param_groups((n, p, p.ndim >= 2) for n, p in named if not (heads > 1 and n == QUERY))
+    if heads > 1:
+        query = dict(named)[QUERY]
+        groups.insert(0, {"params": [query], "param_names": [QUERY], "use_muon": True, "ns_heads": heads})
     return reference.Muon(
         groups,
         **{
@@ -76,13 +82,15 @@ class _Side:
             assert loaded.declared.single_device is not None
             self.optimizer = loaded.declared.single_device(named, case.config)
         else:
-            self.optimizer = reference_optimizer(named, case.optimizer, dict(case.settings), dict(case.conventions))
+            self.optimizer = reference_optimizer(
+                named, case.optimizer, dict(case.settings), dict(case.conventions), case.heads
+            )
         return self
 
 
 def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
     loaded = LoadedEngine.load(case.engine)
-    model = GradientFeed(case.shapes, case.seed, case.dtype)
+    model = GradientFeed(case.shapes, case.seed, case.dtype, case.heads)
     sides = [_Side(model, case.against)]
     if case.shown and case.against == "reference":
         sides.append(_Side(model, "self"))
@@ -162,7 +170,7 @@ def _reloaded(ctx: RankContext, case: EngineCase, loaded: LoadedEngine, run: Eng
     dist.broadcast_object_list(where, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
     try:
         run.save(where[0])
-        fresh = loaded.factory(GradientFeed(case.shapes, case.seed + 1, case.dtype), case.config, ctx.group)
+        fresh = loaded.factory(GradientFeed(case.shapes, case.seed + 1, case.dtype, case.heads), case.config, ctx.group)
         fresh.load(where[0])
         dist.barrier(group=ctx.group)
     finally:
