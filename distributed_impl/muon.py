@@ -31,6 +31,7 @@ from distributed_impl import placement
 from distributed_impl.batching import SameShapeBatching
 from distributed_impl.exchange import OwnerExchange
 from distributed_impl.mesh_split import MeshSplit, formed_update
+from distributed_impl.qk_clip import sharded_qk_clip
 from reference import (
     Muon,
     adamw_update,
@@ -68,6 +69,7 @@ class ShardedMuon(Muon):
     muongate: ClassVar[dict[str, Any]] = {
         "layouts": {"hsdp", "tp", "fsdp_tp", "hsdp_tp", "ep_efsdp"},
         "features": {"adamw", "experts", "bf16", "checkpoint", "fully_shard", "heads"},
+        "qk_clip": sharded_qk_clip,
     }
 
     def __init__(

@@ -14,12 +14,16 @@ it is a correct clip that sums in its own order (within the tier, never bitwise)
   under two names counts twice (the scale is still applied once);
 * ``experts``: a 3-D expert stack's sum reduced over its rows' dim only, not over the
   expert-parallel dim, so the norm holds one EP rank's experts.
+
+QK-clip's controls (``QK_CLIP_CONTROLS``, the QK-clip gate's) plant a bug in muongate's sharded
+QK-clip (``distributed_impl.qk_clip``): a rank-local maximum logit, never reduced over the
+replicas (they diverge at once); each rank's rows taken as the whole projection's heads.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,9 +31,11 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from distributed_impl import ShardedMuon
+from distributed_impl.qk_clip import batch_max, scale_rows
 from harness.candidates import Candidate
 from harness.layouts import EP_EFSDP, Layout
 from reference.clipping import clip_coefficient
+from reference.qk_clip import clip_factors
 
 
 def planted_clip(model: nn.Module, max_norm: float, norm_type: float, bug: str | None = None) -> Tensor:
@@ -73,7 +79,11 @@ def experts_clip(model: nn.Module, max_norm: float, norm_type: float) -> Tensor:
 
 
 def _declared(clip: Any) -> Candidate:
-    return Candidate(**ShardedMuon.muongate, clip=clip)
+    return Candidate(**{**ShardedMuon.muongate, "clip": clip})
+
+
+def _declared_qk(qk_clip: Any) -> Candidate:
+    return Candidate(**{**ShardedMuon.muongate, "qk_clip": qk_clip})
 
 
 @_declared(unplanted_clip)
@@ -98,6 +108,50 @@ def TiedTwiceClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
 def OneEpRankClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
     """Expert norms summed over one expert-parallel rank."""
     return ShardedMuon(param_groups, **settings)
+
+
+@torch.no_grad()
+def _local_max_qk_clip(model: nn.Module, pairs: Any, tau: float, alpha: float) -> None:
+    """QK-clip from this rank's own maxima, never reduced: each replica clips by its batch alone."""
+    for q_name, k_name, observed in pairs:
+        q, k = (cast(DTensor, model.get_parameter(name)) for name in (q_name, k_name))
+        q_factor, k_factor = clip_factors(observed, tau, alpha)
+        scale_rows(q, q_factor, observed.numel())
+        scale_rows(k, k_factor, observed.numel())
+
+
+@torch.no_grad()
+def _local_heads_qk_clip(model: nn.Module, pairs: Any, tau: float, alpha: float) -> None:
+    """QK-clip with the batch's maxima, each rank's rows split into the head count as if they
+    were the whole projection (a stale head count under tensor parallelism)."""
+    for q_name, k_name, observed in pairs:
+        q, k = (cast(DTensor, model.get_parameter(name)) for name in (q_name, k_name))
+        q_factor, k_factor = clip_factors(batch_max(q, observed), tau, alpha)
+        for p, factor in ((q, q_factor), (k, k_factor)):
+            local = p.to_local()
+            rows, heads = local.shape[0], observed.numel()
+            if local.numel():
+                head = (torch.arange(rows) * heads // rows).clamp(max=heads - 1)
+                local.mul_(factor[head].unsqueeze(-1))
+
+
+@_declared_qk(_local_max_qk_clip)
+def LocalMaxQKClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
+    """QK-clip from a rank-local maximum logit."""
+    return ShardedMuon(param_groups, **settings)
+
+
+@_declared_qk(_local_heads_qk_clip)
+def LocalHeadsQKClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
+    """QK-clip with each rank's rows taken as the whole projection's heads."""
+    return ShardedMuon(param_groups, **settings)
+
+
+#: QK-clip's controls
+QK_CLIP_CONTROLS: dict[str, Any] = {
+    "LocalMaxQKClipMuon": LocalMaxQKClipMuon,
+    "LocalHeadsQKClipMuon": LocalHeadsQKClipMuon,
+}
 
 
 #: each control, the fewest ranks its bug can show on, and the layout families it is searched

@@ -651,7 +651,7 @@ class Muon(torch.optim.Optimizer):
     #: norm's bf16 ties and the output's spectrum, and on row blocks (``ns_heads``, ``ns_split``);
     #: ``harness.algorithms`` reads them
     CLAIMS: ClassVar[frozenset[str]] = frozenset(
-        {"newton_schulz", "hybrid_groups", "bf16_norm_ties", "oracle_spectrum", "tier:causes", "heads"}
+        {"newton_schulz", "hybrid_groups", "bf16_norm_ties", "oracle_spectrum", "tier:causes", "heads", "qk_clip"}
     )
     #: the optimizer's name in the engine contract (``harness.engines``)
     ENGINE_NAME: ClassVar[str | None] = "muon"

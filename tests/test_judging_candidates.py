@@ -12,7 +12,7 @@ import pytest
 from support import run_pytest
 
 from harness.candidates import Impl, UnsupportedConvention
-from harness.cases import Case, ParamSpec
+from harness.cases import Case, Clip, ParamSpec, QKClip
 from reference import AdamW
 
 RAISING = """
@@ -177,7 +177,7 @@ def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None
     changed: dict[str, Any] = {
         "seed": 3, "world_size": 2, "mesh": (2, 1), "steps": 2, "mode": "owner_split",
         "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True, "tp": 2, "ep": 2,
-        "candidate": Impl, "reference": AdamW,
+        "candidate": Impl, "reference": AdamW, "clip": Clip(1.0), "qk_clip": QKClip("w", "w", 2),
     }  # fmt: skip
     shown = {f.name for f in dataclasses.fields(Case) if f.compare} - {"params"}
     assert shown == set(changed), "a new Case field needs a place in describe()"

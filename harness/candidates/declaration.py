@@ -67,6 +67,12 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     the gradients of ``model`` (laid out as the case is) in place and returns the norm it found,
     as ``torch.nn.utils.clip_grad_norm_`` does on ``model.parameters()``. The clipping gate judges
     it (``gates/test_clip_gates.py``); without it, that gate skips, naming why.
+``qk_clip``
+    its QK-clip (MuonClip), ``qk_clip(model, pairs, tau, alpha)``: for each ``(query name, key
+    name, maxima)`` of ``pairs``, ``maxima`` the largest attention logit of each head on this
+    rank's batch, it rescales the heads of both projections whose largest logit over the whole
+    batch exceeds ``tau``, in place. The QK-clip gate judges it (``gates/test_qk_clip_gates.py``);
+    without it, that gate skips, naming why.
 ``thresholds``
     the tensor sizes (numbers of elements) at which it changes behaviour: a state quantized only
     from 4096 elements, blocks of 256. The generators then draw tensors on both sides of each,
@@ -137,6 +143,7 @@ class Candidate:
     package: str | None = None
     thresholds: Iterable[int] = ()
     clip: Callable[..., Any] | None = None
+    qk_clip: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -154,7 +161,7 @@ class Candidate:
             raise ValueError(f"Candidate min_ns_steps={self.min_ns_steps!r}: a whole number ≥ 0")
         if not isinstance(self.needs_every_grad, bool):
             raise ValueError(f"Candidate needs_every_grad={self.needs_every_grad!r}: True or False")
-        for name in ("shard", "piece", "single_device", "clip"):
+        for name in ("shard", "piece", "single_device", "clip", "qk_clip"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ValueError(f"Candidate {name}={value!r}: a function, e.g. {name}=my_{name}")

@@ -106,6 +106,22 @@ class Clip(NamedTuple):
         return f"clip to {self.max_norm:g} ({norm}-norm{tied})"
 
 
+class QKClip(NamedTuple):
+    """QK-clip after every step (MuonClip, ``harness.tasks.qk_clip``): the query and key
+    projections ``q`` and ``k``, ``heads`` heads each, rescaled per head where the batch's
+    largest logit exceeds ``tau``, the query by ``η^alpha``, the key by ``η^(1−alpha)``."""
+
+    q: str
+    k: str
+    heads: int
+    tau: float = 1.0
+    alpha: float = 0.5
+
+    def describe(self) -> str:
+        alpha = "" if self.alpha == 0.5 else f", alpha {self.alpha:g}"
+        return f"QK-clip {self.q}/{self.k} ({self.heads} heads, tau {self.tau:g}{alpha})"
+
+
 @dataclass(frozen=True)
 class Case:
     """One optimizer example: parameters, settings, steps, world and layout, and a seed."""
@@ -143,6 +159,8 @@ class Case:
     reference: Any = None
     #: gradient-norm clipping before every step (``None``: none)
     clip: Clip | None = None
+    #: QK-clip after every step (``None``: none)
+    qk_clip: QKClip | None = None
 
     def settings_dict(self) -> dict[str, Any]:
         """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""
@@ -176,6 +194,8 @@ class Case:
             parts.append(f"reference {reference_of(self).name}")
         if self.clip is not None:
             parts.append(self.clip.describe())
+        if self.qk_clip is not None:
+            parts.append(self.qk_clip.describe())
         if self.checkpoint_after is not None:
             parts.append(f"checkpoint after step {self.checkpoint_after}")
         if self.candidate is not None:

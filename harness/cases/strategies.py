@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
-from harness.cases.case import Case, Clip, DType, GradKind, Mode, ParamSpec, ReshardCase, Style, stored_setting
+from harness.cases.case import Case, Clip, DType, GradKind, Mode, ParamSpec, QKClip, ReshardCase, Style, stored_setting
 from harness.layouts import DRAWN, Layout
 
 if TYPE_CHECKING:
@@ -435,6 +435,31 @@ def clip_cases(
         tied = draw(st.one_of(st.none(), st.sampled_from([p.name for p in params])))
         clip = Clip(draw(_MAX_NORMS), draw(_NORM_TYPES), tied)
         return replace(base, params=tuple(params), clip=clip, checkpoint_after=None)
+
+    return draw_case()
+
+
+def qk_clip_cases(*, max_world: int = 2, max_steps: int = 3) -> st.SearchStrategy[Case]:
+    """Cases with QK-clip after every step (``Case.qk_clip``): a query and a key projection of 2
+    to 4 heads of 1 to 4 rows each, laid out as a column-parallel weight is (TP splits the heads,
+    evenly or not, FSDP2 the rows), beside the base case's other parameters, on FSDP2, HSDP and
+    every family ``layout_cases`` draws; a threshold that the batch's maxima (drawn in [0, 2)
+    per rank and head) cross for some heads, for every head or for none; the query's share of
+    the factor. Shrinks towards two heads of one row on one rank, tau 1, alpha 0.5."""
+    bases = st.one_of(
+        cases(max_world=max_world, max_params=2, max_steps=max_steps, hsdp=True),
+        layout_cases(max_world=max_world, min_world=min(2, max_world), max_params=2, max_steps=max_steps),
+    )
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        base = draw(bases)
+        heads, width, cols = draw(st.integers(2, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 9))
+        dtype = base.params[0].dtype
+        q, k = (ParamSpec(name, (heads * width, cols), dtype) for name in ("q_proj", "k_proj"))
+        clip = QKClip("q_proj", "k_proj", heads, draw(st.sampled_from([1.0, 0.5, 1e-3, 4.0])),
+                      draw(st.sampled_from([0.5, 0.0, 1.0, 0.25])))  # fmt: skip
+        return replace(base, params=(q, k, *base.params[1:]), qk_clip=clip, checkpoint_after=None)
 
     return draw_case()
 

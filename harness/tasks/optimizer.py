@@ -28,6 +28,7 @@ from harness.tasks.clipping import clip_step, tie
 from harness.tasks.common import PIECE, local_piece, mesh_for, shard_like
 from harness.tasks.layouts import build_model, case_param, zeros_of
 from harness.tasks.phases import Phases
+from harness.tasks.qk_clip import qk_clip_step
 from harness.tasks.result import TaskResult
 from harness.tasks.routing import audit
 from harness.tasks.sides import (
@@ -83,6 +84,9 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
         phases.lap("reference step")
         opt.step()
         phases.lap("candidate step (with its collectives)")
+        if case.qk_clip is not None:
+            qk_clip_step(case, step, model, mesh, ref_by_name)
+            phases.lap("QK-clip (with its collectives)")
         if twin is not None:
             twin[1].step()
             phases.lap("candidate on one device")
