@@ -271,6 +271,16 @@ def routing_caption(r: Routing) -> str:
     return f"{r.gate}: {r.judged or 'the candidate'} on {r.case}"
 
 
+def routing_tally(r: Routing) -> str:
+    """``19 parameters: 12 Muon, 7 AdamW as declared`` and how many were not."""
+    declared = Counter(row[1] for row in r.rows if row[3] == "ok")
+    tally = ", ".join(f"{n} {route}" for route, n in declared.most_common())
+    off = Counter(row[3] for row in r.rows if row[3] != "ok")
+    rest = "".join(f"; {n} {verdict}" for verdict, n in sorted(off.items()))
+    n = len(r.rows)
+    return f"{n} parameter{'' if n == 1 else 's'}: {tally or 'none'} as declared{rest}"
+
+
 TRAINING_COLUMNS = ("gate", "case", "steps", "train bits/byte", "held-out bits/byte")
 GATE_COLUMNS = (
     "gate",

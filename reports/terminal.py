@@ -29,6 +29,7 @@ from reports.summary import (
     layout_rows,
     outcome_line,
     routing_caption,
+    routing_tally,
     scenario_row,
     skip_reason,
     title,
@@ -196,10 +197,14 @@ def render(summary: RunSummary) -> Group:
             table.add_row(*map(_text, training_row(t)))
         parts.append(_Fitted(table))
     for routing in summary.routings:
-        table = _table(f"routing: {ROUTING_TITLE}", ROUTING_COLUMNS, set(ROUTING_COLUMNS))
-        table.caption = _text(routing_caption(routing))
-        for name, declared, stepped, verdict in routing.rows:
-            style = {"ok": "green", "wrong": "bold red"}.get(verdict, "yellow")
+        off = [row for row in routing.rows if row[3] != "ok"]
+        if not off:  # all as declared: one line here, every parameter in the HTML and Markdown reports
+            parts.append(_text(f"routing audit · {routing_caption(routing)}: {routing_tally(routing)}", "green"))
+            continue
+        table = _table(f"routing: {ROUTING_TITLE} (those not as declared)", ROUTING_COLUMNS, set(ROUTING_COLUMNS))
+        table.caption = _text(f"{routing_caption(routing)}; {routing_tally(routing)}")
+        for name, declared, stepped, verdict in off:
+            style = "bold red" if verdict == "wrong" else "yellow"
             table.add_row(_text(name), _text(declared), _text(stepped), _text(verdict, style))
         parts.append(_Fitted(table))
     for reason, n in Counter(skip_reason(s) for s in summary.skips).most_common():

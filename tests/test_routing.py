@@ -4,7 +4,10 @@ the verdict over every rank (``harness.runner.routing``)."""
 
 from __future__ import annotations
 
+import io
+
 import torch
+from rich.console import Console
 
 from harness.algorithms import MUON, Algorithm
 from harness.runner.routing import judge_routes
@@ -47,3 +50,27 @@ def test_a_state_that_shows_no_route_is_never_green_by_itself() -> None:
     mixed = [*_routes("Muon", "Muon"), Route("b", (4,), 0, "AdamW", "unknown (m)")]
     rows, status, message = judge_routes(mixed)
     assert status == "passed" and rows[1][3] == "not shown" and "not shown by its state: b[4]" in message
+
+
+def test_the_terminal_names_only_the_parameters_not_as_declared_and_the_files_list_them_all() -> None:
+    from reports import render, to_markdown
+    from reports.records import Header, Routing
+    from reports.summary import summarize
+
+    ok = Routing("routing:transformer", "world 2, fsdp, 1 step", "candidate", (("w0[4, 4]", "Muon", "Muon", "ok"),))
+    wrong = Routing("training", "the dense model, world 2", "candidate",
+                    (("w0[4, 4]", "Muon", "Muon", "ok"), ("w1[4, 4]", "Muon", "AdamW on rank 1", "wrong")))  # fmt: skip
+    summary = summarize([Header(), ok, wrong])
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, no_color=True).print(render(summary))
+    terminal = buffer.getvalue()
+    assert (
+        "routing audit · routing:transformer: candidate on world 2, fsdp, 1 step: 1 parameter: 1 Muon as declared"
+        in terminal
+    )
+    assert "w1[4, 4]" in terminal and "AdamW on rank 1" in terminal and "w0[4, 4]" not in terminal.split("training")[-1]
+    markdown = to_markdown(summary)
+    assert (
+        markdown.count("| w0[4, 4] | Muon | Muon | ok |") == 2
+        and "| w1[4, 4] | Muon | AdamW on rank 1 | wrong |" in markdown
+    )

@@ -13,8 +13,9 @@ from harness.ranks import LauncherGroup, RankPool
 from harness.runner.findings import fail
 from harness.runner.ran import Ran
 from harness.runner.record import Recorder
+from harness.runner.routing import judge_routes
 from harness.tasks.training import TrainingSpec, warm_up
-from reports.records import Scenario, Training
+from reports.records import Routing, Scenario, Training
 
 
 class Runs(Protocol):
@@ -32,12 +33,20 @@ class Runs(Protocol):
 
 
 def train(runner: Runs, gate: str, spec: TrainingSpec) -> Mapping[str, Any]:
-    """Runs a training gate (fails like ``GateRunner.check``) and writes its loss curve for the report.
+    """Runs a training gate (fails like ``GateRunner.check``) and writes its loss curve for the
+    report, and which algorithm stepped each of the model's parameters (``Routing``): a matrix
+    that stepped as another algorithm than its group declares fails it.
 
     Returns rank 0's figures: ``train_bits`` (mean per-rank training loss at each step, in
     bits per byte) and ``held_out_bits`` (before and after training)."""
     __tracebackhide__ = True
     ran = runner.check(gate, spec, task="training")
+    if ran.routes:
+        rows, status, message = judge_routes(ran.routes)
+        model = f"the {spec.name} model, world {ran.case.world_size}"
+        runner.recorder.write(Routing(gate, model, "candidate", rows))
+        if status == "failed":
+            fail(f"{gate}: {message}\nminimal case: {ran.case.describe()}")
     runner.recorder.write(
         Training(
             gate,

@@ -10,13 +10,13 @@ a candidate that routes by a rank's local piece routes differently on different 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from harness.algorithms import reference_of
+from harness.algorithms import Algorithm, reference_of
 from harness.cases.case import Case
 from harness.tasks.layouts import case_param
 from harness.tasks.sides import by_name
@@ -47,20 +47,26 @@ def stepped_route(routes: Mapping[str, tuple[str, ...]], state: Mapping[str, Any
     return fits[0] if len(fits) == 1 else f"{UNKNOWN} ({', '.join(sorted(held))})"
 
 
+def routes_of(
+    algorithm: Algorithm, declared: Iterable[tuple[str, Tensor, bool]], opt: torch.optim.Optimizer, rank: int
+) -> tuple[Route, ...]:
+    """For each ``(name, candidate parameter, use_muon)``: the route declared for it and the one
+    the candidate's state shows, on this rank (none where the reference declares no ``ROUTES``)."""
+    if not algorithm.routes:
+        return ()
+    out = []
+    for name, p, use_muon in declared:
+        route = algorithm.route_of(use_muon)
+        if route is not None:
+            stepped = stepped_route(algorithm.routes, opt.state.get(p, {}))
+            out.append(Route(name, tuple(p.shape), rank, route, stepped))
+    return tuple(out)
+
+
 def audit(
     case: Case, ref: torch.optim.Optimizer | None, opt: torch.optim.Optimizer, model: Any, rank: int
 ) -> tuple[Route, ...]:
-    """Each case parameter the reference stepped (all of them without a reference): the route
-    declared for it and the one the candidate's state shows, on this rank."""
-    algorithm = reference_of(case)
-    if not algorithm.routes:
-        return ()
+    """Each case parameter the reference stepped (all of them without a reference), by ``routes_of``."""
     ref_params = by_name(ref)
-    out = []
-    for spec in case.params:
-        declared = algorithm.route_of(spec.use_muon)
-        if declared is None or (ref is not None and not ref.state.get(ref_params[spec.name])):
-            continue
-        state = opt.state.get(case_param(model, spec.name), {})
-        out.append(Route(spec.name, spec.shape, rank, declared, stepped_route(algorithm.routes, state)))
-    return tuple(out)
+    stepped = [s for s in case.params if ref is None or ref.state.get(ref_params[s.name])]
+    return routes_of(reference_of(case), ((s.name, case_param(model, s.name), s.use_muon) for s in stepped), opt, rank)

@@ -44,6 +44,7 @@ from harness.tasks.common import (
     param_groups,
 )
 from harness.tasks.result import TaskResult
+from harness.tasks.routing import routes_of
 from reports.records import Comparison
 
 
@@ -175,7 +176,15 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
             pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference_of(spec).state, tier=tier
         )
     held_out.append(spec.evaluate(ref_model, device))
-    return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out})
+    ref_state = {name: ref_opt.state.get(p) for name, p in ref_model.named_parameters()}
+    declared = (
+        (name, names[name], group.get("use_muon", True))
+        for group in spec_groups(spec, model)
+        for name in group["param_names"]
+        if ref_state[name]
+    )
+    routes = routes_of(reference_of(spec), declared, opt, ctx.rank)
+    return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out}, routes)
 
 
 @dataclass(frozen=True)
