@@ -49,8 +49,9 @@ What it declares, and why:
 
 What the adapter sets, as a user on a CPU machine would: the CPU accelerator where no GPU
 is seen, ``LOCAL_RANK``, no shared-memory all-reduce op (it is built at start-up where a
-compiler is present, and only inference uses it), ``"gradient_clipping": 0`` (DeepSpeed's
-default clips at 1.0; the reference does not clip), and ``torch.compile`` off in the processes
+compiler is present, and only inference uses it), ``"gradient_clipping"`` the case's max norm,
+0 where the case does not clip (DeepSpeed's default clips at 1.0); the clipping cells
+(``clip``: the ZeRO optimizers divide by the clip ratio; stage 0 reports no norm), and ``torch.compile`` off in the processes
 that import it (DeepSpeed's Muon is compiled, which on CPU builds C++ kernels on every new
 shape; eager runs the same functions, so the compiled kernels are not what the gates judge).
 At ZeRO 1–2 it links the optimizer state into the parameters' fragments again before it reads
@@ -162,7 +163,7 @@ def ds_config(config: EngineConfig) -> dict[str, Any]:
         "gradient_accumulation_steps": config.accumulate,
         "optimizer": {"type": config.optimizer, "params": params},
         "zero_optimization": zero,
-        "gradient_clipping": 0.0,
+        "gradient_clipping": config.clip,
         "steps_per_print": 2**31 - 1,
         **({"bf16": {"enabled": True}} if config.dtype == "bfloat16" else {}),
     }
@@ -190,6 +191,11 @@ class DeepSpeedRun:
 
     def backward(self, loss: Tensor) -> None:
         self.engine.backward(loss)
+
+    def grad_norm(self) -> Tensor | float | None:
+        """The norm DeepSpeed clipped its last step by, as its engine reports it (a tensor in the
+        dtype it summed in: float64 at stage 3)."""
+        return self.engine.get_global_grad_norm()  # type: ignore[no-any-return]
 
     def step(self) -> None:
         # Without grad mode, as a training loop under torch.no_grad() would step: before 0.19,
@@ -375,6 +381,10 @@ def conventions(config: EngineConfig, release: Version = RELEASE) -> dict[str, A
     # by design (examples/findings/deepspeed_muon_bf16_momentum.py)
     differences={"muon": ("bf16 momentum at stages 1–3",), "*": ("torch.compile off",)},
     per_head=PER_HEAD_SETTING if PER_HEAD else None,
+    # the ZeRO optimizers divide by the clip ratio (unscale_and_clip_grads) and keep the norm;
+    # stage 0 clips with deepspeed.runtime.utils.clip_grad_norm_ and drops it
+    # (get_global_grad_norm() is None there), so its cells cannot be judged
+    clip=lambda config: None if config.stage == 0 else "divide",
     package=f"deepspeed=={RELEASE}",
 )
 def deepspeed_zero(model: nn.Module, config: EngineConfig, group: Any) -> DeepSpeedRun:

@@ -29,8 +29,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gates.examples import flat_engine
-from harness.engines import LoadedEngine
-from harness.engines.case import EngineCase, engine_cases, judged, per_head_cases
+from harness.engines import EngineConfig, LoadedEngine
+from harness.engines.case import EngineCase, clip_cases, engine_cases, judged, per_head_cases
 from harness.session import gate_config
 from reports.records import Comparison
 
@@ -67,6 +67,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         ]
         ids = [f"stage{s}-{o}-acc{a}-{d}" for s, o, a, d in cells]
         metafunc.parametrize(("stage", "optimizer", "accumulate", "dtype"), cells, ids=ids)
+    elif {"clip_stage", "clip_optimizer"} <= set(metafunc.fixturenames):
+        pairs = [(s, o) for s in sorted(declared.stages) for o in sorted(declared.optimizers)]
+        metafunc.parametrize(("clip_stage", "clip_optimizer"), pairs, ids=[f"stage{s}-{o}" for s, o in pairs])
     elif "head_stage" in metafunc.fixturenames:
         metafunc.parametrize("head_stage", sorted(declared.stages), ids=[f"stage{s}" for s in sorted(declared.stages)])
     elif {"stage", "world"} <= set(metafunc.fixturenames):
@@ -111,6 +114,26 @@ def test_engine_orthogonalizes_each_head_of_a_query_projection_as_the_reference_
     gate_runner.subject = _subject()
     cases = per_head_cases(engine.spec, replace(engine.declared, dtypes={"float32"}), _world(), stage=head_stage)
     gate_runner.check(f"engine:per-head stage {head_stage}", data.draw(cases), task="engine")
+
+
+@given(data=st.data())
+@settings(max_examples=max(3, settings().max_examples // 20))
+def test_engine_clips_by_the_norm_of_the_full_gradients(
+    gate_runner: Any, clip_stage: int, clip_optimizer: str, data: Any
+) -> None:
+    """Gradient clipping (``Engine.clip``), float32: the norm the engine clipped by against the
+    float64 norm of the mean gradients (``CLIP_NORM``), then every parameter and state bit for
+    bit against the one-device side stepping on the gradients scaled by that norm, in the
+    engine's declared form."""
+    engine = _engine()
+    if engine.declared.clip is None:
+        pytest.skip(f"engine:clip: {engine.spec} declares no gradient clipping (Engine.clip)")
+    probe = EngineConfig(clip_optimizer, clip_stage, 1, None, "float32", (), 1.0)
+    if engine.declared.clip(probe) is None:
+        pytest.skip(f"engine:clip: {engine.spec} declares that it reports no clipping norm at stage {clip_stage}")
+    gate_runner.subject = _subject()
+    cases = clip_cases(engine.spec, engine.declared, _world(), stage=clip_stage, optimizer=clip_optimizer)
+    gate_runner.check(f"engine:clip stage {clip_stage} {clip_optimizer}", data.draw(cases), task="engine")
 
 
 #: a hand-picked case whose matrices straddle the partitions at 1, 2 and 4 ranks

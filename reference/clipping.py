@@ -57,8 +57,20 @@ def grad_norm(grads: Iterable[Tensor | None], norm_type: float = 2.0) -> Tensor:
     return flat.pow(p).sum().pow(1.0 / p)
 
 
-def clip_coefficient(total_norm: Tensor, max_norm: float) -> Tensor:
-    """``min(max_norm / (total_norm + 1e-6), 1)`` in ``total_norm``'s dtype, a 0-d tensor."""
+#: how a clip turns the norm into the gradients' scale: torch's ``clip_grad_norm_`` multiplies by
+#: ``min(max_norm / (norm + 1e-6), 1)``; DeepSpeed's ZeRO optimizers divide by
+#: ``max((norm + 1e-6) / max_norm, 1)`` (``unscale_and_clip_grads``), which rounds otherwise
+CLIP_FORMS = ("torch", "divide")
+
+
+def clip_coefficient(total_norm: Tensor, max_norm: float, form: str = "torch") -> Tensor:
+    """The factor the gradients are multiplied by, a 0-d tensor in ``total_norm``'s dtype:
+    ``min(max_norm / (total_norm + 1e-6), 1)``, or ``1 / max((total_norm + 1e-6) / max_norm, 1)``
+    for ``form="divide"`` (``CLIP_FORMS``)."""
+    if form == "divide":
+        return 1.0 / torch.clamp((total_norm + CLIP_EPS) / float(max_norm), min=1.0)
+    if form != "torch":
+        raise ValueError(f"form={form!r}: one of {CLIP_FORMS}")
     return torch.clamp(float(max_norm) / (total_norm + CLIP_EPS), max=1.0)
 
 

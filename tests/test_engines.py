@@ -41,6 +41,7 @@ DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"
         ({"stages": {1}, "options": {"muon": {"x": ()}}}, "options"),
         ({"stages": {1}, "optimizers": {"adamw"}, "per_head": "per_head_muon"}, "per_head"),
         ({"stages": {1}, "per_head": True}, "per_head"),
+        ({"stages": {1}, "clip": "divide"}, "clip"),
     ],
 )
 def test_an_engine_declaration_refuses_a_bad_field_by_name(fields: dict, named: str) -> None:
@@ -162,6 +163,22 @@ def test_deepspeed_per_head_muon_is_bitwise_at_stages_1_to_3_and_dropped_at_stag
     assert set(gates) == {f"engine:per-head stage {s}" for s in range(4)} and failed == {"engine:per-head stage 0"}
     compared, agreed = gates["engine:per-head stage 0"]["verdicts"]["self"]
     assert compared == agreed, gates["engine:per-head stage 0"]
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+def test_deepspeed_clipping_is_bitwise_for_adamw_and_clips_muon_s_update_at_stages_1_to_3(tmp_path: Path) -> None:
+    """``"gradient_clipping"`` at ZeRO 1–3: AdamW steps bit for bit on the gradients scaled by the
+    norm DeepSpeed reports; Muon's cells fail, since DeepSpeed measures and clips the orthogonalized
+    update (examples/findings/deepspeed_muon_clips_the_update.py); stage 0 reports no norm and skips."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip(f"needs {ENGINES}")
+    run = _engine_session(tmp_path, "--engine", DEEPSPEED, "-k", "clips_by")
+    gates = json.loads((tmp_path / "report" / "figures.json").read_text())["gates"]
+    failed = {name for name, g in gates.items() if g["failed_cases"]}
+    assert set(gates) == {f"engine:clip stage {s} {o}" for s in (1, 2, 3) for o in ("adamw", "muon")}, sorted(gates)
+    assert failed == {f"engine:clip stage {s} muon" for s in (1, 2, 3)}, run.stdout[-3000:]
+    assert "reports no clipping norm at stage 0" in run.stdout, run.stdout[-3000:]
 
 
 @pytest.mark.slow

@@ -141,3 +141,12 @@ def test_torch_clip_grad_norm_inf_fails_on_an_empty_fsdp2_piece() -> None:
     assert (
         "rank 1: clip_grad_norm_(inf) under FSDP2 fails: _foreach_norm cannot compute the infinity norm" in run.stdout
     )
+
+
+def test_deepspeed_clips_muon_s_orthogonalized_update_at_zero_stages_1_to_3() -> None:
+    _needs_deepspeed()
+    run = _run("deepspeed_muon_clips_the_update.py")
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "stage 0: gradient norm 0.0500, clip 1.0; reported norm None" in run.stdout, run.stdout[-2000:]
+    for stage in (1, 2, 3):
+        assert f"stage {stage}: gradient norm 0.0500, clip 1.0; reported norm 3.6780" in run.stdout, run.stdout[-2000:]

@@ -57,3 +57,12 @@ def test_the_coefficient_never_scales_up_and_keeps_the_norms_dtype() -> None:
     assert clip_coefficient(torch.tensor(0.5), 1.0).item() == 1.0
     small = clip_coefficient(torch.tensor(4.0, dtype=torch.bfloat16), 1.0)
     assert small.dtype == torch.bfloat16 and small.item() == pytest.approx(0.25, rel=1e-2)
+
+
+def test_deepspeed_s_divided_form_is_one_over_the_clip_ratio_and_an_unknown_form_is_refused() -> None:
+    norm = torch.tensor(3.0)
+    ratio = torch.clamp((norm + 1e-6) / 0.5, min=1.0)
+    assert compare(1.0 / ratio, clip_coefficient(norm, 0.5, "divide"), tensor="c").bitwise
+    assert clip_coefficient(torch.tensor(0.1), 0.5, "divide").item() == 1.0
+    with pytest.raises(ValueError, match="form='multiply'"):
+        clip_coefficient(norm, 0.5, "multiply")

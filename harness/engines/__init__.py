@@ -69,6 +69,14 @@ made; a bad one is a ``ValueError`` naming the field):
 ``differences``
     per optimizer (and ``"*"`` for all), short names of what the engine does otherwise than the
     side it is judged against, by design; every case names them (``EngineCase.describe``).
+``clip``
+    ``clip(config) -> form | None``: where the engine clips the gradients by their norm (the
+    case's ``EngineConfig.clip``, a max norm), how it scales them by the norm it found
+    (``reference.clipping.CLIP_FORMS``: ``"torch"`` multiplies by ``min(max / (norm + 1e-6), 1)``,
+    ``"divide"`` divides by ``max((norm + 1e-6) / max, 1)``), or ``None`` for a config whose
+    norm it cannot report (that cell skips, naming why). Its run then has ``grad_norm()``: the norm
+    its last step clipped by, a tensor in the dtype it was summed in. Without ``clip`` the
+    clipping cells skip.
 ``per_head``
     the Muon setting that turns its per-head Newton–Schulz on (DeepSpeed's ``per_head_muon``), or
     ``None``. The per-head gate then sets it in ``EngineConfig.settings``, and the model's first
@@ -117,6 +125,8 @@ class EngineConfig:
     dtype: str
     #: the optimizer's settings: ``lr``, ``weight_decay``, and ``momentum`` (Muon) or ``betas``, ``eps`` (AdamW)
     settings: tuple[tuple[str, Any], ...]
+    #: the max norm the gradients are clipped to before each step (0: none; ``Engine.clip``)
+    clip: float = 0.0
 
     @property
     def options(self) -> dict[str, Any]:
@@ -177,6 +187,7 @@ class Engine:
     missing_gradient: str = "skip"
     differences: Mapping[str, Iterable[str]] = field(default_factory=dict)
     per_head: str | None = None
+    clip: Callable[[EngineConfig], str | None] | None = None
     package: str | None = None
 
     def __post_init__(self) -> None:
@@ -220,6 +231,8 @@ class Engine:
         if self.missing_gradient not in ("skip", "zeros"):
             raise ValueError(f"Engine missing_gradient={self.missing_gradient!r}: 'skip' or 'zeros'")
         put(self, "differences", {k: tuple(v) for k, v in self.differences.items()})
+        if self.clip is not None and not callable(self.clip):
+            raise ValueError(f"Engine clip={self.clip!r}: a function of the case's config, e.g. clip=lambda c: 'torch'")
         if self.per_head is not None and (not isinstance(self.per_head, str) or "muon" not in self.optimizers):
             raise ValueError(f"Engine per_head={self.per_head!r}: the name of its Muon setting, and declare muon")
 

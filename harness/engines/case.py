@@ -117,6 +117,9 @@ class EngineCase:
     #: the heads of the first matrix, a query projection (``QUERY``) the engine orthogonalizes per
     #: head (``Engine.per_head``); 1: no such matrix
     heads: int = 1
+    #: the max norm the engine clips the gradients to (0: none), and how it scales them (``Engine.clip``)
+    clip: float = 0.0
+    clip_form: str = "torch"
 
     def __post_init__(self) -> None:
         for what, n in (("world_size", self.world_size), ("accumulate", self.accumulate)):
@@ -125,7 +128,9 @@ class EngineCase:
 
     @property
     def config(self) -> EngineConfig:
-        return EngineConfig(self.optimizer, self.stage, self.accumulate, self.reduce_scatter, self.dtype, self.settings)
+        return EngineConfig(
+            self.optimizer, self.stage, self.accumulate, self.reduce_scatter, self.dtype, self.settings, self.clip
+        )
 
     @property
     def self_reference(self) -> bool:
@@ -185,6 +190,8 @@ class EngineCase:
             declared += "; its own one-device optimizer shown beside"
         if self.heads > 1:
             declared += f"; {QUERY} orthogonalized per head, {self.heads} heads"
+        if self.clip:
+            declared += f"; gradients clipped to norm {self.clip:g} ({self.clip_form})"
         return (
             f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
             f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks{declared}"
@@ -278,6 +285,26 @@ def per_head_cases(spec: str, declared: Engine, world_size: int, *, stage: int) 
             settings=settings, heads=heads,
         )  # fmt: skip
         return judged(shaped, declared)
+
+    return build()
+
+
+def clip_cases(
+    spec: str, declared: Engine, world_size: int, *, stage: int, optimizer: str
+) -> st.SearchStrategy[EngineCase]:
+    """Float32 cases of ``engine_cases`` at ``stage`` with the gradients clipped to a max norm that
+    clips every step (the feed's norms are about 1 to 6), some steps, or none, scaled in the
+    engine's declared form (``Engine.clip``)."""
+    assert declared.clip is not None, "the engine declares no clipping"
+    form = declared.clip
+
+    @st.composite
+    def build(draw: Any) -> EngineCase:
+        base = engine_cases(spec, replace(declared, dtypes={"float32"}), world_size, stage=stage, optimizer=optimizer)
+        case = replace(draw(base), clip=draw(st.sampled_from([1.0, 0.25, 2.0, 100.0])))
+        scaled = form(case.config)
+        assert scaled is not None, f"the engine reports no clipping norm for {case.describe()}"
+        return replace(case, clip_form=scaled)
 
     return build()
 

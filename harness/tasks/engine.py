@@ -22,15 +22,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 import reference
-from harness.compare import compare
+from harness.compare import CLIP_NORM, compare
 from harness.engines import EngineRun, LoadedEngine
 from harness.engines.case import QUERY, EngineCase, GradientFeed
 from harness.ranks import RankContext
 from harness.tasks.common import param_groups
 from harness.tasks.result import TaskResult
+from reference.clipping import clip_coefficient, clip_gradients, grad_norm
 from reports.records import Comparison
 
 
@@ -110,7 +111,12 @@ def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
         for micro in range(case.accumulate):
             run.backward(run.module(case.feed(step, ctx.rank, micro)))
             run.step()
-        _one_step(sides, case, step)
+        coefficient = None
+        if case.clip:
+            norm, judged = _clip_norm(ctx, run, case, step)
+            records += judged
+            coefficient = clip_coefficient(norm, case.clip, case.clip_form)
+        _one_step(sides, case, step, coefficient)
         records += _compare(ctx, run, sides, step)
         if case.checkpoint_at == step:
             run = _reloaded(ctx, case, loaded, run)
@@ -119,10 +125,36 @@ def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
     return TaskResult(tuple(records), {})
 
 
-def _one_step(sides: list[_Side], case: EngineCase, step: int) -> None:
+def _clip_norm(ctx: RankContext, run: EngineRun, case: EngineCase, step: int) -> tuple[Tensor, list[Comparison]]:
+    """The norm the engine clipped its step by (``grad_norm()``, a tensor in its own dtype), and on rank 0 its
+    comparison with the float64 norm of the mean gradients (``CLIP_NORM``'s fp32 tier). An
+    engine that declared the cell (``Engine.clip``) and reports no norm is refused by name: the
+    one-device side cannot scale its gradients as the engine did without it."""
+    expected = grad_norm(case.mean_gradient(step).values()).to(torch.float32)
+    reported = getattr(run, "grad_norm", lambda: None)()
+    if reported is None:
+        raise RuntimeError(
+            f"{case.engine} at stage {case.stage} reports no clipping norm (grad_norm() gave None), "
+            "which its Engine.clip declares it does; declare None for this config"
+        )
+    # in the dtype the engine found it in (DeepSpeed's stage 3 sums in float64), which its scale keeps
+    norm = (
+        reported.detach().reshape(()).cpu()
+        if torch.is_tensor(reported)
+        else torch.tensor(reported, dtype=torch.float64)
+    )
+    found = compare(expected, norm.float(), tensor="clip.total_norm", step=step, rank=0, tier=CLIP_NORM["float32"])
+    return norm, [found] if ctx.rank == 0 else []
+
+
+def _one_step(sides: list[_Side], case: EngineCase, step: int, coefficient: Tensor | None = None) -> None:
+    """Each side steps on the mean gradients, scaled by ``coefficient`` where the engine clipped."""
     for name, grad in case.mean_gradient(step).items():
         for side in sides:
             side.params[name].grad = grad.clone()
+    if coefficient is not None:
+        for side in sides:
+            clip_gradients([p.grad for p in side.params.values() if p.grad is not None], coefficient)
     for side in sides:
         side.optimizer.step()
         side.optimizer.zero_grad(set_to_none=True)
