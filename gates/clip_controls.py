@@ -15,6 +15,9 @@ it is a correct clip that sums in its own order (within the tier, never bitwise)
 * ``experts``: a 3-D expert stack's sum reduced over its rows' dim only, not over the
   expert-parallel dim, so the norm holds one EP rank's experts.
 
+``known_torch_finding``: the torch finding the clipping gates steer around (the infinity norm on
+an empty piece), noted in the example.
+
 QK-clip's controls (``QK_CLIP_CONTROLS``, the QK-clip gate's) plant a bug in muongate's sharded
 QK-clip (``distributed_impl.qk_clip``): a rank-local maximum logit, never reduced over the
 replicas (they diverge at once); each rank's rows taken as the whole projection's heads.
@@ -23,17 +26,21 @@ replicas (they diverge at once); each rank's rows taken as the whole projection'
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from hypothesis import note
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from distributed_impl import ShardedMuon
 from distributed_impl.qk_clip import batch_max, scale_rows
 from harness.candidates import Candidate
+from harness.cases import Case
 from harness.layouts import EP_EFSDP, Layout
+from harness.replay import built_placements, local_shapes
 from reference.clipping import clip_coefficient
 from reference.qk_clip import clip_factors
 
@@ -161,3 +168,29 @@ CLIP_CONTROLS: dict[str, tuple[Any, int, frozenset[Layout] | None]] = {
     "TiedTwiceClipMuon": (TiedTwiceClipMuon, 1, None),
     "OneEpRankClipMuon": (OneEpRankClipMuon, 4, frozenset({EP_EFSDP})),
 }
+
+
+def has_empty_piece(case: Case) -> bool:
+    """Whether some rank holds an empty piece of a parameter, laid out as the case's layout lays it out."""
+    layout = case.layout
+    for p in case.params:
+        placements = built_placements(layout, p.style, len(p.shape), case.mesh)
+        if any(0 in local for _, local in local_shapes(p.shape, case.mesh, placements)):
+            return True
+    return False
+
+
+def known_torch_finding(case: Case) -> Case:
+    """The 2-norm where torch's infinity norm fails on an empty piece, a torch finding
+    (``examples/findings/torch_clip_inf_norm_empty_shard.py``), noted in the example."""
+    assert case.clip is not None
+    if math.isinf(case.clip.norm_type) and has_empty_piece(case):
+        note(f"the 2-norm, not the infinity norm: {INF_ON_EMPTY}")
+        return replace(case, clip=case.clip._replace(norm_type=2.0))
+    return case
+
+
+INF_ON_EMPTY = (
+    "torch's clip_grad_norm_ fails on a rank whose piece is empty "
+    "(examples/findings/torch_clip_inf_norm_empty_shard.py)"
+)

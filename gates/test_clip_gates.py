@@ -16,53 +16,25 @@ weight counted twice; expert norms summed over one expert-parallel rank (four ra
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import given, note, settings
+from hypothesis import given, settings
 
-from gates.clip_controls import CLIP_CONTROLS, UnplantedClipMuon
+from gates.clip_controls import CLIP_CONTROLS, UnplantedClipMuon, known_torch_finding
 from harness.candidates.declaration import declaration_of
 from harness.cases import Case, clip_cases
-from harness.replay import built_placements, local_shapes
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
-
-
-def has_empty_piece(case: Case) -> bool:
-    """Whether some rank holds an empty piece of a parameter, laid out as the case's layout lays it out."""
-    layout = case.layout
-    for p in case.params:
-        placements = built_placements(layout, p.style, len(p.shape), case.mesh)
-        if any(0 in local for _, local in local_shapes(p.shape, case.mesh, placements)):
-            return True
-    return False
-
-
-def _known_torch_finding(case: Case) -> Case:
-    """The 2-norm where torch's infinity norm fails on an empty piece, a torch finding
-    (``examples/findings/torch_clip_inf_norm_empty_shard.py``), noted in the example."""
-    assert case.clip is not None
-    if math.isinf(case.clip.norm_type) and has_empty_piece(case):
-        note(f"the 2-norm, not the infinity norm: {INF_ON_EMPTY}")
-        return replace(case, clip=case.clip._replace(norm_type=2.0))
-    return case
-
-
-INF_ON_EMPTY = (
-    "torch's clip_grad_norm_ fails on a rank whose piece is empty "
-    "(examples/findings/torch_clip_inf_norm_empty_shard.py)"
-)
 
 
 @pytest.mark.judges("torch.nn.utils.clip_grad_norm_ on DTensor gradients, then ShardedMuon's step", "torch: clipping")
 @given(case=drawn(lambda s: clip_cases(max_world=s.nproc)))
 def test_torch_clip_grad_norm_on_every_layout_matches_the_full_gradients(gate_runner: Any, case: Case) -> None:
     gate_runner.reference_only("clip:torch")
-    gate_runner.check("clip:torch", _known_torch_finding(case))
+    gate_runner.check("clip:torch", known_torch_finding(case))
 
 
 @given(case=drawn(lambda s: clip_cases(max_world=s.nproc, algorithm=s.algorithm)))

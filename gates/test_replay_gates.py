@@ -3,6 +3,11 @@
 on exactly the captured parameters and placements, on a reduced mesh that keeps every rank's
 pieces where the job had more ranks than the pool; the report's header says what was kept.
 
+The clipping gate's claim (``gates/test_clip_gates.py``) and the routing audit
+(``gates/test_routing_gates.py``) run on the captured layout too: torch's ``clip_grad_norm_`` (or
+the candidate's declared ``clip``) on its parameters, and which algorithm stepped each of them,
+listed in the report (the captured model's own split: its param groups).
+
 Its negative control (``PastFirstBucketMuon``) is a bug no drawn case shows: it needs more
 elements on one rank than any drawn case holds, as the layout of a real model's sizes does
 (``examples/captures/llama-fsdp16.json``, a 16-rank FSDP2 job of ``examples/captures/llama_job.py``).
@@ -10,17 +15,21 @@ elements on one rank than any drawn case holds, as the layout of a real model's 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gates.clip_controls import known_torch_finding
 from gates.negative_controls import PastFirstBucketMuon
+from harness.algorithms import MUON
+from harness.candidates.declaration import declaration_of
 from harness.capture import load_capture
-from harness.cases import Case, replay_cases
+from harness.cases import Case, Clip, replay_cases
 from harness.replay import replay
 from harness.session import gate_config
 
@@ -36,6 +45,53 @@ def test_captured_layout_matches_reference_bitwise(gate_runner: Any, data: st.Da
     if config.replay is None:
         pytest.skip("replay: replays a captured layout: --layout-from FILE (harness.capture)")
     gate_runner.check("replay", data.draw(replay_cases(config.replay, algorithm=config.algorithm)))
+
+
+def _replayed() -> Any:
+    replayed = gate_config().replay
+    if replayed is None:
+        pytest.skip("replay: replays a captured layout: --layout-from FILE (harness.capture)")
+    return replayed
+
+
+def _clipped(data: st.DataObject) -> Case:
+    """A replayed case with its gradients clipped (a max norm that clips, or not; the 2- or inf-norm)."""
+    config = gate_config()
+    case = data.draw(replay_cases(_replayed(), algorithm=config.algorithm))
+    clip = Clip(data.draw(st.sampled_from([1.0, 1e-3, 1e4])), data.draw(st.sampled_from([2.0, math.inf])))
+    return replace(case, clip=clip)
+
+
+@pytest.mark.judges("torch.nn.utils.clip_grad_norm_ on the captured layout, then ShardedMuon's step", "torch: clipping")
+@given(data=st.data())
+@settings(max_examples=max(5, settings().max_examples // 4))
+def test_captured_layout_clips_with_torch_like_the_full_gradients(gate_runner: Any, data: st.DataObject) -> None:
+    gate_runner.reference_only("replay:clip:torch")
+    gate_runner.check("replay:clip:torch", known_torch_finding(_clipped(data)))
+
+
+@given(data=st.data())
+@settings(max_examples=max(5, settings().max_examples // 4))
+def test_captured_layout_clips_with_the_candidate_s_clip_like_the_full_gradients(
+    gate_runner: Any, data: st.DataObject
+) -> None:
+    impl = gate_runner.impl
+    if impl is None or declaration_of(impl.factory).clip is None:
+        name = impl.spec if impl is not None else "distributed_impl:ShardedMuon"
+        pytest.skip(f"replay:clip: {name} declares no clipping of its own (Candidate.clip)")
+    gate_runner.reference_only("replay:clip")
+    gate_runner.check("replay:clip", _clipped(data))
+
+
+@given(data=st.data())
+@settings(max_examples=max(5, settings().max_examples // 4))
+def test_captured_layout_steps_each_parameter_with_its_declared_algorithm(
+    gate_runner: Any, data: st.DataObject
+) -> None:
+    config = gate_config()
+    if not (config.algorithm or MUON).routes:
+        pytest.skip("replay:routing: the reference declares no ROUTES")
+    gate_runner.route("replay:routing", data.draw(replay_cases(_replayed(), algorithm=config.algorithm)), table=True)
 
 
 @pytest.mark.judges("the replay gate, with a bug only a captured layout shows (negative control)", "muongate: gates")

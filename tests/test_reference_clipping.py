@@ -66,3 +66,13 @@ def test_deepspeed_s_divided_form_is_one_over_the_clip_ratio_and_an_unknown_form
     assert clip_coefficient(torch.tensor(0.1), 0.5, "divide").item() == 1.0
     with pytest.raises(ValueError, match="form='multiply'"):
         clip_coefficient(norm, 0.5, "multiply")
+
+
+def test_the_fp32_norm_tier_widens_with_the_largest_tensor_and_keeps_its_name() -> None:
+    from harness.compare import CLIP_NORM, clip_norm_tier
+
+    assert clip_norm_tier("float32", 48 * 48) is CLIP_NORM["float32"]
+    wide = clip_norm_tier("float32", 2_049_024)
+    assert wide.name == "clip_norm_fp32" and 1e-4 < wide.rtol < 1e-3 and "2,049,024 elements" in wide.reason
+    assert clip_norm_tier("bfloat16", 2_049_024) is CLIP_NORM["bfloat16"]
+    assert clip_norm_tier("float32", 20_000_000).rtol > 3 * 1.5e-3  # 3 times the worst measured there

@@ -176,7 +176,9 @@ def test_a_session_replays_a_captured_layout_and_its_report_says_what_it_kept(py
     assert f"replaying the layout of {LLAMA}" in markdown
     assert "mesh [16] (fsdp) of 16 ranks: on mesh [2], 2 ranks" in markdown
     assert "| replay | candidate | bitwise |" in markdown, "the candidate judged, bit for bit, on the replay"
-    result.stdout.fnmatch_lines(["*replay:PastFirstBucketMuon*yes*"])
+    assert "| replay:clip:torch | torch: clipping |" in markdown, "torch's clip judged on the replay"
+    assert "## Routing" in markdown and "layers_0_wq_weight[64, 512] | Muon | Muon | ok |" in markdown
+    result.stdout.fnmatch_lines(["*replay:PastFirstBucketMuon*yes*", "routing audit · replay:routing: *as declared*"])
 
 
 def _round_trip(pool: Any, case: Any) -> None:

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from harness.candidates.declaration import declaration_of
 from harness.cases.case import Case
-from harness.compare import BITWISE, CLIP_NORM, Tier, compare
+from harness.compare import BITWISE, Tier, clip_norm_tier, compare
 from harness.tasks.common import compare_shard
 from harness.tasks.layouts import case_param
 from reference.clipping import clip_coefficient, clip_gradients, grad_norm
@@ -62,11 +62,12 @@ def tie(case: Case, model: nn.Module) -> None:
 
 def norm_tier(case: Case) -> Tier:
     """The tier the returned norm is judged in: bit for bit for the infinity norm; else by the
-    lowest-precision gradient dtype of the case."""
+    lowest-precision gradient dtype of the case and its largest tensor (``clip_norm_tier``)."""
     assert case.clip is not None
     if math.isinf(case.clip.norm_type):
         return BITWISE
-    return CLIP_NORM["bfloat16" if any(p.dtype == "bfloat16" for p in case.params) else "float32"]
+    dtype = "bfloat16" if any(p.dtype == "bfloat16" for p in case.params) else "float32"
+    return clip_norm_tier(dtype, max(math.prod(p.shape) for p in case.params))
 
 
 def _returned(norm: Any) -> Tensor:
