@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from gates.clip_controls import CLIP_CONTROLS, UnplantedClipMuon, known_torch_finding
 from harness.candidates.declaration import declaration_of
 from harness.cases import Case, clip_cases
+from harness.runner.ran import differed
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
@@ -74,6 +75,6 @@ def test_clip_gate_catches_negative_control(gate_runner: Any, control: str) -> N
     gate_runner.catch(
         f"negative:clip:{control}",
         clip_cases(max_world=nproc, families=families),
-        lambda case: gate_runner.run(on(case)).message,
+        lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )

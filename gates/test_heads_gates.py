@@ -21,6 +21,7 @@ from hypothesis import given
 
 from gates.negative_controls import HEAD_CONTROLS
 from harness.cases import Case, row_block_cases
+from harness.runner.ran import differed
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
@@ -56,6 +57,6 @@ def test_heads_gate_catches_negative_control(gate_runner: Any, control: str) -> 
     gate_runner.catch(
         f"negative:heads:{control}",
         row_block_cases(max_world=gate_config().nproc).map(_scale_free),
-        lambda case: gate_runner.run(on(case)).message,
+        lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )

@@ -22,6 +22,7 @@ from hypothesis import given
 from gates.clip_controls import QK_CLIP_CONTROLS
 from harness.candidates.declaration import declaration_of
 from harness.cases import Case, qk_clip_cases
+from harness.runner.ran import differed
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
@@ -50,6 +51,6 @@ def test_qk_clip_gate_catches_negative_control(gate_runner: Any, control: str) -
     gate_runner.catch(
         f"negative:qk_clip:{control}",
         qk_clip_cases(max_world=nproc),
-        lambda case: gate_runner.run(on(case)).message,
+        lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )

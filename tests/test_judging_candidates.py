@@ -192,3 +192,17 @@ def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None
         other = dataclasses.replace(base, params=(spec._replace(**{name: value}),))
         assert other.describe() != base.describe(), name
     assert "grad_scale=1e-08" in dataclasses.replace(base, params=(spec._replace(grad_scale=1e-8),)).describe()
+
+
+def test_a_planted_control_is_caught_by_a_difference_never_by_its_own_crash() -> None:
+    from harness.cases import Case, ParamSpec
+    from harness.ranks.context import CaseOutcome, RankFailure
+    from harness.runner.ran import Ran, differed
+    from reports.records import Comparison
+
+    case = Case((ParamSpec("w0", (2, 2)),), world_size=2, mesh=(2,))
+    ok, bad = Comparison("w0", (2, 2)), Comparison("w0", (2, 2), bitwise=False, passed=False, max_abs_diff=0.5)
+    crash = RankFailure("error", 1, "RuntimeError: in-place on a view")
+    assert differed(Ran(case, CaseOutcome([None, None], None, 1.0), (ok, bad))) is not None
+    assert differed(Ran(case, CaseOutcome([None, None], None, 1.0), (ok,))) is None
+    assert differed(Ran(case, CaseOutcome([None, None], crash, 1.0), (bad,))) is None

@@ -75,6 +75,15 @@ class Ran:
         return "\n".join(lines)
 
 
+def differed(ran: Ran) -> str | None:
+    """What differed where the case ran to the end and some comparison failed; ``None`` where it
+    passed or crashed. A negative control whose bug is a wrong value is caught by this alone: a
+    crash of the planted code proves nothing about the gate."""
+    if ran.outcome.failure is not None or not any(not c.passed for c in ran.judged):
+        return None
+    return ran.message
+
+
 def robust_finding(ran: Ran) -> tuple[str | None, str]:
     """A robustness verdict: ``(None, why it passed)``, or the kind of finding and its message.
     An error that names a parameter of the case (quoted, as ``repr`` gives it) is a clear
