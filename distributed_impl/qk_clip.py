@@ -40,12 +40,17 @@ def scale_rows(p: DTensor, factor: Tensor, heads: int) -> None:
     local.mul_(factor[head].to(local.device).unsqueeze(-1))
 
 
+def clip_pair(q: DTensor, k: DTensor, largest: Tensor, tau: float, alpha: float) -> None:
+    """Scales the rows this rank holds of ``q`` and ``k`` by the factors of ``largest``, each
+    head's largest logit."""
+    q_factor, k_factor = clip_factors(largest, tau, alpha)
+    scale_rows(q, q_factor, largest.numel())
+    scale_rows(k, k_factor, largest.numel())
+
+
 @torch.no_grad()
 def sharded_qk_clip(model: nn.Module, pairs: Iterable[tuple[str, str, Tensor]], tau: float, alpha: float) -> None:
     """QK-clip of each ``(query name, key name, this rank's maxima by head)`` of ``model``."""
     for q_name, k_name, observed in pairs:
         q, k = (cast(DTensor, model.get_parameter(name)) for name in (q_name, k_name))
-        q_factor, k_factor = clip_factors(batch_max(q, observed), tau, alpha)
-        heads = observed.numel()
-        scale_rows(q, q_factor, heads)
-        scale_rows(k, k_factor, heads)
+        clip_pair(q, k, batch_max(q, observed), tau, alpha)

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from distributed_impl import ShardedMuon
-from distributed_impl.qk_clip import batch_max, scale_rows
+from distributed_impl.qk_clip import batch_max, clip_pair
 from harness.candidates import Candidate
 from harness.cases import Case
 from harness.layouts import EP_EFSDP, Layout
@@ -85,33 +85,30 @@ def experts_clip(model: nn.Module, max_norm: float, norm_type: float) -> Tensor:
     return planted_clip(model, max_norm, norm_type, "experts")
 
 
-def _declared(clip: Any) -> Candidate:
-    return Candidate(**{**ShardedMuon.muongate, "clip": clip})
+def _declared(**fields: Any) -> Candidate:
+    """``ShardedMuon``'s declaration with ``fields`` (the planted ``clip`` or ``qk_clip``)."""
+    return Candidate(**{**ShardedMuon.muongate, **fields})
 
 
-def _declared_qk(qk_clip: Any) -> Candidate:
-    return Candidate(**{**ShardedMuon.muongate, "qk_clip": qk_clip})
-
-
-@_declared(unplanted_clip)
+@_declared(clip=unplanted_clip)
 def UnplantedClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
     """``ShardedMuon`` with the hand-written clip, no bug planted."""
     return ShardedMuon(param_groups, **settings)
 
 
-@_declared(replicas_clip)
+@_declared(clip=replicas_clip)
 def ReplicasClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
     """A replicated gradient counted once per copy."""
     return ShardedMuon(param_groups, **settings)
 
 
-@_declared(tied_clip)
+@_declared(clip=tied_clip)
 def TiedTwiceClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
     """A tied weight counted twice."""
     return ShardedMuon(param_groups, **settings)
 
 
-@_declared(experts_clip)
+@_declared(clip=experts_clip)
 def OneEpRankClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
     """Expert norms summed over one expert-parallel rank."""
     return ShardedMuon(param_groups, **settings)
@@ -122,9 +119,7 @@ def _local_max_qk_clip(model: nn.Module, pairs: Any, tau: float, alpha: float) -
     """QK-clip from this rank's own maxima, never reduced: each replica clips by its batch alone."""
     for q_name, k_name, observed in pairs:
         q, k = (cast(DTensor, model.get_parameter(name)) for name in (q_name, k_name))
-        q_factor, k_factor = clip_factors(observed, tau, alpha)
-        scale_rows(q, q_factor, observed.numel())
-        scale_rows(k, k_factor, observed.numel())
+        clip_pair(q, k, observed, tau, alpha)
 
 
 @torch.no_grad()
@@ -142,13 +137,13 @@ def _local_heads_qk_clip(model: nn.Module, pairs: Any, tau: float, alpha: float)
                 local.mul_(factor[head].unsqueeze(-1))
 
 
-@_declared_qk(_local_max_qk_clip)
+@_declared(qk_clip=_local_max_qk_clip)
 def LocalMaxQKClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
     """QK-clip from a rank-local maximum logit."""
     return ShardedMuon(param_groups, **settings)
 
 
-@_declared_qk(_local_heads_qk_clip)
+@_declared(qk_clip=_local_heads_qk_clip)
 def LocalHeadsQKClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
     """QK-clip with each rank's rows taken as the whole projection's heads."""
     return ShardedMuon(param_groups, **settings)

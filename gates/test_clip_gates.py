@@ -23,7 +23,6 @@ import pytest
 from hypothesis import given, settings
 
 from gates.clip_controls import CLIP_CONTROLS, UnplantedClipMuon, known_torch_finding
-from harness.candidates.declaration import declaration_of
 from harness.cases import Case, clip_cases
 from harness.runner.ran import differed
 from harness.session import drawn, gate_config
@@ -40,10 +39,7 @@ def test_torch_clip_grad_norm_on_every_layout_matches_the_full_gradients(gate_ru
 
 @given(case=drawn(lambda s: clip_cases(max_world=s.nproc, algorithm=s.algorithm)))
 def test_candidate_clipping_on_every_layout_matches_the_full_gradients(gate_runner: Any, case: Case) -> None:
-    impl = gate_runner.impl
-    if impl is None or declaration_of(impl.factory).clip is None:
-        name = impl.spec if impl is not None else "distributed_impl:ShardedMuon"
-        pytest.skip(f"clip: {name} declares no clipping of its own (Candidate.clip)")
+    gate_runner.declares("clip", "clip", "clipping")
     gate_runner.reference_only("clip")
     gate_runner.check("clip", case)
 

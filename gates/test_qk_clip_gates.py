@@ -20,7 +20,6 @@ import pytest
 from hypothesis import given
 
 from gates.clip_controls import QK_CLIP_CONTROLS
-from harness.candidates.declaration import declaration_of
 from harness.cases import Case, qk_clip_cases
 from harness.runner.ran import differed
 from harness.session import drawn, gate_config
@@ -31,9 +30,7 @@ pytestmark = pytest.mark.gate
 @given(case=drawn(lambda s: qk_clip_cases(max_world=s.nproc)))
 def test_qk_clip_after_each_step_matches_reference_bitwise_on_every_layout(gate_runner: Any, case: Case) -> None:
     gate_runner.algorithm_claim("qk_clip", "QK-clip after Muon's step (MuonClip)")
-    impl = gate_runner.impl
-    if impl is not None and declaration_of(impl.factory).qk_clip is None:
-        pytest.skip(f"qk_clip: {impl.spec} declares no QK-clip of its own (Candidate.qk_clip)")
+    gate_runner.declares("qk_clip", "qk_clip", "QK-clip")
     gate_runner.reference_only("qk_clip")
     gate_runner.check("qk_clip", case)
 

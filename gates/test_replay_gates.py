@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from gates.clip_controls import known_torch_finding
 from gates.negative_controls import PastFirstBucketMuon
 from harness.algorithms import MUON
-from harness.candidates.declaration import declaration_of
 from harness.capture import load_capture
 from harness.cases import Case, Clip, replay_cases
 from harness.replay import replay
@@ -75,10 +74,7 @@ def test_captured_layout_clips_with_torch_like_the_full_gradients(gate_runner: A
 def test_captured_layout_clips_with_the_candidate_s_clip_like_the_full_gradients(
     gate_runner: Any, data: st.DataObject
 ) -> None:
-    impl = gate_runner.impl
-    if impl is None or declaration_of(impl.factory).clip is None:
-        name = impl.spec if impl is not None else "distributed_impl:ShardedMuon"
-        pytest.skip(f"replay:clip: {name} declares no clipping of its own (Candidate.clip)")
+    gate_runner.declares("replay:clip", "clip", "clipping")
     gate_runner.reference_only("replay:clip")
     gate_runner.check("replay:clip", _clipped(data))
 

@@ -364,6 +364,28 @@ def layout_cases(
     return draw_case()
 
 
+def every_layout(
+    *,
+    max_world: int,
+    max_params: int,
+    max_steps: int,
+    hsdp: bool = False,
+    algorithm: Algorithm | None = None,
+    families: Collection[Layout] | None = None,
+) -> st.SearchStrategy[Case]:
+    """FSDP2 on 1 to ``max_world`` ranks (``cases``; with ``hsdp``, HSDP too) and every family
+    ``layout_cases`` draws: the base of a claim that holds on every layout. ``families``: those
+    of ``layout_cases`` only (a negative control aimed at one). Shrinks towards ``cases``."""
+    laid_out = layout_cases(
+        max_world=max_world, min_world=min(2, max_world), max_params=max_params, max_steps=max_steps,
+        algorithm=algorithm, families=families,
+    )  # fmt: skip
+    if families is not None:
+        return laid_out
+    whole = cases(max_world=max_world, max_params=max_params, max_steps=max_steps, hsdp=hsdp, algorithm=algorithm)
+    return st.one_of(whole, laid_out)
+
+
 def row_block_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 3) -> st.SearchStrategy[Case]:
     """Cases of Newton–Schulz on row blocks (``reference.Muon``'s ``ns_heads`` and ``ns_split``):
     FSDP2 on 1 to ``max_world`` ranks and every layout family ``layout_cases`` draws, each Muon
@@ -371,10 +393,7 @@ def row_block_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int =
     unequal (then every Muon matrix has the same rows, as one group's split fits one row count),
     so that a block boundary falls on or inside a shard, a block is smaller than a shard or a
     shard smaller than a block. Shrinks towards two heads of one row each on one rank."""
-    bases = st.one_of(
-        cases(max_world=max_world, max_params=max_params, max_steps=max_steps),
-        layout_cases(max_world=max_world, min_world=min(2, max_world), max_params=max_params, max_steps=max_steps),
-    )
+    bases = every_layout(max_world=max_world, max_params=max_params, max_steps=max_steps)
     heads_drawn, rows_drawn = st.integers(2, 4), st.integers(1, 8)
     splits_drawn = st.one_of(st.none(), st.lists(rows_drawn, min_size=2, max_size=4).map(tuple))
 
@@ -419,9 +438,10 @@ def clip_cases(
     from harness.algorithms import MUON
 
     algorithm = algorithm or MUON
-    bounds = {"max_world": max_world, "max_params": max_params, "max_steps": max_steps, "algorithm": algorithm}
-    laid_out = layout_cases(min_world=min(2, max_world), families=families, **bounds)  # type: ignore[arg-type]
-    bases = laid_out if families is not None else st.one_of(cases(hsdp=True, **bounds), laid_out)  # type: ignore[arg-type]
+    bases = every_layout(
+        max_world=max_world, max_params=max_params, max_steps=max_steps, hsdp=True, algorithm=algorithm,
+        families=families,
+    )  # fmt: skip
     vectors = st.one_of(st.none(), st.integers(1, 3 * max_world + 1)) if algorithm.hybrid else st.none()
 
     @st.composite
@@ -446,10 +466,7 @@ def qk_clip_cases(*, max_world: int = 2, max_steps: int = 3) -> st.SearchStrateg
     every family ``layout_cases`` draws; a threshold that the batch's maxima (drawn in [0, 2)
     per rank and head) cross for some heads, for every head or for none; the query's share of
     the factor. Shrinks towards two heads of one row on one rank, tau 1, alpha 0.5."""
-    bases = st.one_of(
-        cases(max_world=max_world, max_params=2, max_steps=max_steps, hsdp=True),
-        layout_cases(max_world=max_world, min_world=min(2, max_world), max_params=2, max_steps=max_steps),
-    )
+    bases = every_layout(max_world=max_world, max_params=2, max_steps=max_steps, hsdp=True)
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:

@@ -119,6 +119,9 @@ class GateRunner:
     def algorithm_claim(self, gate: str, about: str) -> None:
         self.policy.algorithm_claim(gate, about)
 
+    def declares(self, gate: str, field: str, what: str) -> None:
+        self.policy.declares(gate, field, what)
+
     # -- running and judging ---------------------------------------------------------------
     def run(
         self,

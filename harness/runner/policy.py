@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from harness.candidates import MISSING_GRADS, Impl
+from harness.candidates.declaration import declaration_of
+from harness.cases.case import candidate_name
 from harness.runner.adapt import SELF_JUDGED
+from harness.tasks.common import factory_of
 
 #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's own ``shard``)
 TASKS_OF_MODELS = ("backward", "training", "twins")
@@ -37,6 +40,14 @@ class SkipPolicy:
             self.require(gate, {"fully_shard"}, "its model is laid out by FSDP2's fully_shard")
         if task not in SELF_JUDGED and self.impl is not None and self.impl.algorithm.factory is None:
             pytest.skip(f"{gate}: compares with a reference, and the session has none (--reference none)")
+
+    def declares(self, gate: str, field: str, what: str) -> None:
+        """Skips unless the candidate (the built-in one without ``--impl``) declares ``field`` of
+        its ``Candidate`` (a ``clip`` of its own): the claim is about ``what``."""
+        factory = self.impl.factory if self.impl is not None else factory_of(None)
+        if getattr(declaration_of(factory), field) is None:
+            spec = self.impl.spec if self.impl is not None else candidate_name(None)
+            pytest.skip(f"{gate}: {spec} declares no {what} of its own (Candidate.{field})")
 
     def require(self, gate: str, features: set[str], why: str) -> None:
         """Skips when the candidate did not declare what the claim is about."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -104,19 +105,20 @@ def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
         path, world, first = case.resumed_from
         before = replace(case, world_size=world, resumed_from=None)
         for step in range(first):
-            _one_step(sides, before, step)
+            _one_step(sides, before.mean_gradient(step))
         run.load(path)
         records += _compare(ctx, run, sides, first - 1)
     for step in range(first, first + case.steps):
         for micro in range(case.accumulate):
             run.backward(run.module(case.feed(step, ctx.rank, micro)))
             run.step()
+        gradients = case.mean_gradient(step)
         coefficient = None
         if case.clip:
-            norm, judged = _clip_norm(ctx, run, case, step)
+            norm, judged = _clip_norm(ctx, run, case, step, gradients)
             records += judged
             coefficient = clip_coefficient(norm, case.clip, case.clip_form)
-        _one_step(sides, case, step, coefficient)
+        _one_step(sides, gradients, coefficient)
         records += _compare(ctx, run, sides, step)
         if case.checkpoint_at == step:
             run = _reloaded(ctx, case, loaded, run)
@@ -125,12 +127,14 @@ def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
     return TaskResult(tuple(records), {})
 
 
-def _clip_norm(ctx: RankContext, run: EngineRun, case: EngineCase, step: int) -> tuple[Tensor, list[Comparison]]:
+def _clip_norm(
+    ctx: RankContext, run: EngineRun, case: EngineCase, step: int, gradients: Mapping[str, Tensor]
+) -> tuple[Tensor, list[Comparison]]:
     """The norm the engine clipped its step by (``grad_norm()``, a tensor in its own dtype), and on rank 0 its
-    comparison with the float64 norm of the mean gradients (``CLIP_NORM``'s fp32 tier). An
+    comparison with the float64 norm of the mean ``gradients`` (``CLIP_NORM``'s fp32 tier). An
     engine that declared the cell (``Engine.clip``) and reports no norm is refused by name: the
     one-device side cannot scale its gradients as the engine did without it."""
-    expected = grad_norm(case.mean_gradient(step).values()).to(torch.float32)
+    expected = grad_norm(gradients.values()).to(torch.float32)
     reported = getattr(run, "grad_norm", lambda: None)()
     if reported is None:
         raise RuntimeError(
@@ -147,9 +151,9 @@ def _clip_norm(ctx: RankContext, run: EngineRun, case: EngineCase, step: int) ->
     return norm, [found] if ctx.rank == 0 else []
 
 
-def _one_step(sides: list[_Side], case: EngineCase, step: int, coefficient: Tensor | None = None) -> None:
-    """Each side steps on the mean gradients, scaled by ``coefficient`` where the engine clipped."""
-    for name, grad in case.mean_gradient(step).items():
+def _one_step(sides: list[_Side], gradients: Mapping[str, Tensor], coefficient: Tensor | None = None) -> None:
+    """Each side steps on the step's mean ``gradients``, scaled by ``coefficient`` where the engine clipped."""
+    for name, grad in gradients.items():
         for side in sides:
             side.params[name].grad = grad.clone()
     if coefficient is not None:
