@@ -31,6 +31,7 @@ from gates.examples import torch_adam
 from harness.algorithms import Algorithm
 from harness.candidates import Impl
 from harness.cases import Case, cases
+from harness.runner.ran import differed
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
@@ -109,7 +110,7 @@ def test_gates_catch_adamw_negative_control(gate_runner: Any, algorithm: str, co
     minimal = gate_runner.catch(
         f"negative:{control}",
         CONTROL_CASES[algorithm],
-        lambda case: gate_runner.run(_planted(case, planted)).message,
+        lambda case: differed(gate_runner.run(_planted(case, planted))),
         lambda case: _planted(case, planted).describe(),
     )
     size = sum(p.shape[0] if p.shape else 1 for p in minimal.params)

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from gates.examples import flat_engine
 from harness.engines import EngineConfig, LoadedEngine
 from harness.engines.case import EngineCase, clip_cases, engine_cases, judged, per_head_cases
+from harness.runner.ran import differed
 from harness.session import gate_config
 from reports.records import Comparison
 
@@ -225,7 +226,7 @@ def test_engine_gate_catches_planted_engine_bug(gate_runner: Any, control: str) 
     minimal = gate_runner.catch(
         f"negative:engine:{control}",
         engine_cases(spec, declared, 2, checkpoint=False),
-        lambda case: gate_runner.run(case, task="engine").message,
+        lambda case: differed(gate_runner.run(case, task="engine")),
         EngineCase.describe,
     )
     assert sum(len(s) for s in minimal.shapes) <= 4 and minimal.steps <= 2, minimal.describe()
@@ -252,7 +253,7 @@ def test_engine_gate_catches_a_planted_deepspeed_bug_against_the_reference(
     minimal = gate_runner.catch(
         f"negative:engine:deepspeed {control} stage {stage}",
         engine_cases(spec, declared, 2, checkpoint=False, stage=stage, optimizer="muon", dtype="float32"),
-        lambda case: gate_runner.run(case, task="engine").message,
+        lambda case: differed(gate_runner.run(case, task="engine")),
         EngineCase.describe,
     )
     assert minimal.against == "reference", minimal.describe()

@@ -26,6 +26,7 @@ from gates.examples.gram_partial_muon import gram_partial_local_gram_muon, gram_
 from gates.negative_controls import LAYOUT_CONTROLS
 from harness.cases import Case, ParamSpec, layout_cases, muon_settings
 from harness.layouts import EXPERTS, FSDP
+from harness.runner.ran import differed
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
@@ -50,7 +51,7 @@ def test_layout_gate_catches_negative_control(gate_runner: Any, control: str) ->
     minimal = gate_runner.catch(
         f"negative:layouts:{control}",
         layout_cases(max_world=gate_config().nproc, min_world=ranks),
-        lambda case: gate_runner.run(on(case)).message,
+        lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )
     assert minimal.layout not in (FSDP, EXPERTS), f"{control} was caught on FSDP2 alone: {on(minimal).describe()}"
@@ -107,6 +108,6 @@ def test_gram_partial_tier_rejects_a_gram_left_local(gate_runner: Any) -> None:
     gate_runner.catch(
         "negative:tier:gram_partial:LocalGram",
         _rowwise_cases(gram_partial_local_gram_muon),
-        lambda case: gate_runner.run(case, task="update").message,
+        lambda case: differed(gate_runner.run(case, task="update")),
         Case.describe,
     )

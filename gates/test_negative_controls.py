@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from gates.negative_controls import NEGATIVE_CONTROLS, NORMUON_CONTROLS, PlantedMuon, PlantedNorMuon, ShardSumNormMuon
 from harness.algorithms import Algorithm
 from harness.cases import Case, cases, layout_cases, norm_tie_cases
+from harness.runner.ran import differed
 from harness.session import gate_config
 from reference import NorMuon
 
@@ -51,7 +52,7 @@ def test_gates_catch_negative_control(gate_runner: Any, control: str) -> None:
     minimal = gate_runner.catch(
         f"negative:{control}",
         CONTROL_CASES,
-        lambda case: gate_runner.run(_planted(case, planted)).message,
+        lambda case: differed(gate_runner.run(_planted(case, planted))),
         lambda case: _planted(case, planted).describe(),
     )
     size = sum(p.shape[0] for p in minimal.params)
@@ -67,7 +68,7 @@ def test_norm_ties_catch_the_shard_sum_norm_with_bf16_newton_schulz_only(gate_ru
     minimal = gate_runner.catch(
         "negative:ShardSumNormMuon (bf16 only)",
         norm_tie_cases(max_world=2),
-        lambda case: gate_runner.run(_planted(case, ShardSumNormMuon)).message,
+        lambda case: differed(gate_runner.run(_planted(case, ShardSumNormMuon))),
         lambda case: _planted(case, ShardSumNormMuon).describe(),
     )
     assert dict(minimal.settings)["ns_dtype"] == "bfloat16"
@@ -106,7 +107,7 @@ def test_gates_catch_normuon_negative_control(gate_runner: Any, control: str) ->
     minimal = gate_runner.catch(
         f"negative:{control}",
         _normuon_cases(tp),
-        lambda case: gate_runner.run(on(case)).message,
+        lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )
     assert sum(p.shape[0] for p in minimal.params) <= 64, f"{control}: shrinking left {on(minimal).describe()}"

@@ -30,6 +30,7 @@ from harness.algorithms import MUON
 from harness.capture import load_capture
 from harness.cases import Case, Clip, replay_cases
 from harness.replay import replay
+from harness.runner.ran import differed
 from harness.session import gate_config
 
 pytestmark = pytest.mark.gate
@@ -102,6 +103,6 @@ def test_replay_gate_catches_a_bug_past_the_first_bucket(gate_runner: Any) -> No
     gate_runner.catch(
         "negative:replay:PastFirstBucketMuon",
         replay_cases(replayed),
-        lambda case: gate_runner.run(on(case)).message,
+        lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )

@@ -21,6 +21,7 @@ from hypothesis import given
 
 from gates.negative_controls import LocalStateMuon
 from harness.cases import ReshardCase, reshard_cases
+from harness.runner.ran import differed
 from harness.session import drawn, gate_config
 
 pytestmark = pytest.mark.gate
@@ -51,6 +52,6 @@ def test_reshard_gate_catches_momentum_kept_without_its_layout(gate_runner: Any)
     gate_runner.catch(
         "negative:reshard:LocalStateMuon",
         CASES,
-        lambda case: gate_runner.run(on(case), task="reshard").message,
+        lambda case: differed(gate_runner.run(on(case), task="reshard")),
         lambda case: on(case).describe(),
     )

@@ -27,6 +27,7 @@ from gates.adamw_controls import L2DecayAdamW
 from gates.negative_controls import OffByOneRowsMuon
 from harness.layouts import FSDP_TP
 from harness.models.transformer import TransformerCase
+from harness.runner.ran import differed
 from harness.session import gate_config
 from harness.tasks.training import TwinsCase
 
@@ -60,7 +61,7 @@ def test_training_gate_catches_off_by_one_shard_boundary(gate_runner: Any) -> No
     gate_runner.catch(
         "negative:training:OffByOneRowsMuon",
         st.just(planted),
-        lambda case: gate_runner.run(case, task="training").message,
+        lambda case: differed(gate_runner.run(case, task="training")),
         TransformerCase.describe,
         max_examples=1,
     )
@@ -105,7 +106,7 @@ def test_training_twins_catch_off_by_one_shard_boundary(gate_runner: Any) -> Non
     gate_runner.catch(
         "negative:training:twins:OffByOneRowsMuon",
         st.just(planted),
-        lambda case: gate_runner.run(case, task="twins").message,
+        lambda case: differed(gate_runner.run(case, task="twins")),
         TwinsCase.describe,
         max_examples=1,
     )
@@ -121,7 +122,7 @@ def test_training_twins_catch_an_adamw_that_decays_through_the_gradient(gate_run
     gate_runner.catch(
         "negative:training:twins:L2DecayAdamW",
         st.just(TwinsCase(spec)),
-        lambda case: gate_runner.run(case, task="twins").message,
+        lambda case: differed(gate_runner.run(case, task="twins")),
         TwinsCase.describe,
         max_examples=1,
     )
