@@ -228,7 +228,7 @@ def unjudged_reason(summary: RunSummary) -> str:
     parts = []
     not_judged = sum(g.not_judged for g in summary.gates.values())
     if not_judged:
-        parts.append(f"{not_judged} case(s) differed only where no tier could judge them")
+        parts.append(f"{not_judged} case(s) not judged (a difference no tier could judge, or routes no state showed)")
     reasons = Counter(skip_reason(s) for s in summary.skips)
     if reasons:
         # a reason about the candidate (``not run: …``) before one about the session (``needs --nproc 4``)

@@ -450,7 +450,7 @@ def test_a_named_candidate_that_judged_nothing_says_why_above_the_gate_table() -
     ]
     summary = summarize(records)
     html, markdown = page(summary), to_markdown(summary)
-    why = "NOT JUDGED: nothing of the candidate was judged: 1 case(s) differed only where no tier could judge them"
+    why = "NOT JUDGED: nothing of the candidate was judged: 1 case(s) not judged (a difference no tier could judge, or routes no state showed)"
     assert html.index(f'<p class="unjudged">{why}') < html.index("<h2>Gates</h2>")
     assert markdown.index(f"> **{why.replace(':', ':**', 1)}") < markdown.index("| gate |")
     # muongate's own candidate is no candidate the user named: no such line
