@@ -1,46 +1,33 @@
 """What the plug-in tells the gate modules about the session: the pool's size and the
 algorithm its candidates are judged against. Gate modules draw from it lazily (``drawn``), at
-the first example, so that nothing is read at import and no environment variable carries it."""
+the first example, so that nothing is read at import and no environment variable carries it.
+
+The configuration belongs to the pytest session: the plug-in keeps it in the session's
+``config.stash`` (``harness.plugin.GATE_CONFIG``, refined as the session resolves its plug-ins),
+and a session is the current one only while it collects and runs tests (a ``ContextVar`` the
+plug-in sets and resets around them), so that nothing outlives a session and a session that
+pytester starts inside another one reads its own. Read where no session is running,
+``gate_config`` raises instead of answering with defaults."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from hypothesis import strategies as st
+
+from harness.plugin import GATE_CONFIG, GateConfig, nproc_of, running_config
+
+__all__ = ["GateConfig", "drawn", "gate_config"]
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class GateConfig:
-    """The running session's configuration, as the plug-in resolved it."""
-
-    #: ranks in the pool (``--nproc``, or torchrun's world size)
-    nproc: int = 2
-    #: the reference the session's candidate is judged against (``harness.algorithms.Algorithm``;
-    #: ``None``: ``reference.Muon``)
-    algorithm: Any = field(default=None)
-    #: the sizes at which the candidate changes behaviour (``Candidate.thresholds``): drawn on both sides
-    thresholds: tuple[int, ...] = ()
-    #: the ``--engine`` the engine gates judge (``harness.engines.LoadedEngine``; ``None``: muongate's flat engine)
-    engine: Any = None
-    #: the capture ``--layout-from`` replays (``harness.replay.Replay``; ``None``: none)
-    replay: Any = None
-
-
-_CURRENT = [GateConfig()]
-
-
-def configure(config: GateConfig) -> None:
-    """The plug-in sets the session's configuration (before any gate draws)."""
-    _CURRENT[0] = config
-
-
 def gate_config() -> GateConfig:
-    """The running session's configuration."""
-    return _CURRENT[0]
+    """The running session's configuration (``harness.plugin.running_config``: an error where none runs)."""
+    config = running_config()
+    found = config.stash.get(GATE_CONFIG, None)
+    return found if found is not None else GateConfig(nproc=nproc_of(config))
 
 
 def drawn(build: Callable[[GateConfig], st.SearchStrategy[T]]) -> st.SearchStrategy[T]:

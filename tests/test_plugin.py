@@ -315,3 +315,32 @@ def test_this_checkouts_gates_collected_from_elsewhere_keep_the_profile_the_user
         if line.startswith("| one_step |")
     )
     assert "| 20 |" in row, row
+
+
+NPROC_TEST = """
+from harness.session import gate_config
+
+
+def test_nproc():
+    print("nproc:", gate_config().nproc)
+"""
+
+
+def test_a_session_started_inside_another_reads_its_own_configuration_and_none_outlives_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """The gate modules' configuration (``harness.session``) belongs to the session that collects
+    and runs them: a session pytester starts in this process reads its own ``--nproc``, this test
+    reads its own session's again afterwards, and outside any session reading it is an error."""
+    import contextvars
+
+    from harness.session import gate_config
+
+    ours = gate_config().nproc
+    pytester.makepyfile(test_nproc=NPROC_TEST)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-s", "--nproc", str(ours + 1))
+    result.assert_outcomes(passed=1)
+    assert f"nproc: {ours + 1}\n" in result.stdout.str()
+    assert gate_config().nproc == ours
+    with pytest.raises(RuntimeError, match="no muongate session is collecting or running tests here"):
+        contextvars.Context().run(gate_config)  # an empty context: no session

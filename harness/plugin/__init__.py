@@ -22,9 +22,12 @@ What a CI system reads: each gate's figures go into the test's ``user_properties
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,30 @@ _CLEARED = pytest.StashKey[list[str]]()
 _UNJUDGED = pytest.StashKey[str]()
 #: the run's summary, read from its streams once, at the session's end
 _SUMMARY = pytest.StashKey[Any]()
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The running session's configuration, as the plug-in resolved it."""
+
+    #: ranks in the pool (``--nproc``, or torchrun's world size)
+    nproc: int = 2
+    #: the reference the session's candidate is judged against (``harness.algorithms.Algorithm``;
+    #: ``None``: ``reference.Muon``)
+    algorithm: Any = field(default=None)
+    #: the sizes at which the candidate changes behaviour (``Candidate.thresholds``): drawn on both sides
+    thresholds: tuple[int, ...] = ()
+    #: the ``--engine`` the engine gates judge (``harness.engines.LoadedEngine``; ``None``: muongate's flat engine)
+    engine: Any = None
+    #: the capture ``--layout-from`` replays (``harness.replay.Replay``; ``None``: none)
+    replay: Any = None
+
+
+#: what the gate modules draw from (``GateConfig``, through ``harness.session``), refined as the plug-ins resolve
+GATE_CONFIG = pytest.StashKey[GateConfig]()
+#: the session collecting or running tests in this context (``running_config``): set and reset around
+#: them, so that nothing outlives a session and a session pytester starts inside another reads its own
+_RUNNING: ContextVar[pytest.Config] = ContextVar("muongate_session")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -291,19 +318,57 @@ def _choose_profile(config: pytest.Config) -> None:
 def _tell_gates(config: pytest.Config) -> None:
     """What the gate modules draw from (``harness.session``): the pool's size and, once resolved, the reference."""
     from harness.candidates import declaration_of
-    from harness.session import GateConfig, configure
 
     impl = config.stash.get(_IMPL, None)
     thresholds = tuple(declaration_of(impl.factory).thresholds) if impl is not None else ()
-    configure(
-        GateConfig(
-            nproc=config.stash[_NPROC],
-            algorithm=config.stash.get(_ALGORITHM, None),
-            thresholds=thresholds,
-            engine=config.stash.get(_ENGINE, None),
-            replay=config.stash.get(_REPLAY, None),
-        )
+    config.stash[GATE_CONFIG] = GateConfig(
+        nproc=config.stash[_NPROC],
+        algorithm=config.stash.get(_ALGORITHM, None),
+        thresholds=thresholds,
+        engine=config.stash.get(_ENGINE, None),
+        replay=config.stash.get(_REPLAY, None),
     )
+
+
+@contextlib.contextmanager
+def _running(config: pytest.Config) -> Iterator[None]:
+    """``config``'s session is the current one while the block runs (``running_config``)."""
+    token = _RUNNING.set(config)
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)
+
+
+def running_config() -> pytest.Config:
+    """The config of the session that is collecting or running tests here; an error where none is."""
+    try:
+        return _RUNNING.get()
+    except LookupError:
+        raise RuntimeError(
+            "no muongate session is collecting or running tests here: the session's configuration "
+            "(harness.session.gate_config) is read inside a gate (its test, a strategy it draws, pytest_generate_tests)"
+        ) from None
+
+
+def nproc_of(config: pytest.Config) -> int:
+    """The session's pool size (``--nproc``, or torchrun's world size)."""
+    return config.stash[_NPROC]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[None]:
+    """The gate modules read the session's configuration (``harness.session``) while they are
+    collected (``pytest_generate_tests``)…"""
+    with _running(session.config):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """…and while each test is set up, run and torn down."""
+    with _running(item.config):
+        return (yield)
 
 
 def _load_profile(name: str) -> None:
@@ -435,8 +500,9 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
         layout_from=str(replay.capture.path.resolve()) if replay is not None else None,
     )
     runner = GateRunner(
-        pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun
-    )
+        pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun,
+        algorithm=config.stash.get(_ALGORITHM, None),
+    )  # fmt: skip
     runner.start(
         make_header(
             backend=backend,

@@ -62,6 +62,8 @@ class GateRunner:
     against: str = "reference"
     #: the session's options a reproduce command repeats (the plug-in fills it in)
     rerun: Rerun = field(default_factory=Rerun)
+    #: the reference the session judges against (``harness.algorithms.Algorithm``; ``None``: ``reference.Muon``)
+    algorithm: Any = None
     #: the running test (node id) and its file; whose code it judges (``begin``)
     nodeid: str = ""
     path: str = ""
@@ -74,7 +76,7 @@ class GateRunner:
 
     def _judge(self, impl: Impl | None) -> None:
         """The candidate the running test adapts its cases to and skips for."""
-        self.policy = SkipPolicy(impl, self.against, self.device)
+        self.policy = SkipPolicy(impl, self.against, self.device, self.algorithm)
         self.adapt = Adaptation(impl, self.kernel, self.against, self.pool.nproc)
 
     # -- the session and its tests ---------------------------------------------------------

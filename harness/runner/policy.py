@@ -4,6 +4,7 @@ gate and what the candidate did not declare (or what the session's options rule 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +26,8 @@ class SkipPolicy:
     impl: Impl | None
     against: str
     device: str
+    #: the session's reference (``harness.algorithms.Algorithm``; ``None``: ``reference.Muon``)
+    algorithm: Any = None
 
     def runnable(self, gate: str, task: str = "optimizer") -> None:
         """Skips unless the candidate's conventions are the reference's to express, the ranks'
@@ -64,12 +67,9 @@ class SkipPolicy:
         if self.against == "self":
             pytest.skip(f"{gate}: compares with the reference only; --against self judges the optimizer gates")
 
-    @staticmethod
-    def algorithm_claim(gate: str, about: str) -> None:
+    def algorithm_claim(self, gate: str, about: str) -> None:
         """Skips unless the session's reference declares the claim ``gate`` (``CLAIMS``): it is about ``about``."""
-        from harness.session import gate_config
-
-        algorithm = gate_config().algorithm
+        algorithm = self.algorithm
         if algorithm is not None and gate not in algorithm.claims:
             pytest.skip(f"{gate}: a claim of {about}, which {algorithm.title} does not declare (its CLAIMS)")
 
