@@ -239,3 +239,18 @@ def test_a_case_judged_against_the_reference_is_named_by_it_when_the_engines_own
     )
     assert CaseResult(1, "engine", "c", "failed", comparisons=both, against="self").finding == "differs from itself"
     assert CaseResult(1, "engine", "c", "failed", comparisons=both).finding == "differs from itself"
+
+
+def test_the_megatron_adapter_declares_itself_without_megatron_and_refuses_a_machine_without_a_gpu_in_one_line() -> (
+    None
+):
+    """Its declaration loads where megatron-core is not installed (the package is imported by the
+    factory alone), and the factory refuses a machine without a GPU before it touches Megatron."""
+    from examples.megatron_adapter import refusal
+
+    declared = LoadedEngine.load("examples.megatron_adapter:megatron_ddp").declared
+    assert declared.stages == (0, 1) and declared.optimizers == {"adamw"}
+    assert declared.reshard_stages == (0,) and declared.missing_gradient == "zeros"
+    assert refusal(1) is None
+    why = refusal(0)
+    assert why is not None and "\n" not in why and "needs a GPU" in why and "CUDA" in why

@@ -83,6 +83,10 @@ made; a bad one is a ``ValueError`` naming the field):
     matrix is a query projection, ``q_proj.weight``, of ``heads`` heads, which the model's
     ``config`` describes (``num_attention_heads``, ``head_dim``) as a transformer's does; the
     reference orthogonalizes that matrix per head (``ns_heads``) and every other whole.
+``needs_every_grad``
+    ``needs_every_grad(config) -> bool``: the configs under which the engine needs a gradient for
+    every parameter at every step (Megatron's ``overlap_grad_reduce`` asserts it); their cases
+    give every parameter one, and say so. Default: none.
 ``package``
     the package it drives, for the matrix (``"deepspeed==0.19.8"``).
 
@@ -188,6 +192,7 @@ class Engine:
     differences: Mapping[str, Iterable[str]] = field(default_factory=dict)
     per_head: str | None = None
     clip: Callable[[EngineConfig], str | None] | None = None
+    needs_every_grad: Callable[[EngineConfig], bool] | None = None
     package: str | None = None
 
     def __post_init__(self) -> None:
@@ -233,6 +238,8 @@ class Engine:
         put(self, "differences", {k: tuple(v) for k, v in self.differences.items()})
         if self.clip is not None and not callable(self.clip):
             raise ValueError(f"Engine clip={self.clip!r}: a function of the case's config, e.g. clip=lambda c: 'torch'")
+        if self.needs_every_grad is not None and not callable(self.needs_every_grad):
+            raise ValueError(f"Engine needs_every_grad={self.needs_every_grad!r}: a function of the case's config")
         if self.per_head is not None and (not isinstance(self.per_head, str) or "muon" not in self.optimizers):
             raise ValueError(f"Engine per_head={self.per_head!r}: the name of its Muon setting, and declare muon")
 

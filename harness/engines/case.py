@@ -51,7 +51,7 @@ class Projection(nn.Module):
         self.weight = weight
 
     def forward(self, c: Tensor) -> Tensor:
-        return (self.weight * c.to(self.weight.dtype)).sum().float()
+        return (self.weight * c.to(self.weight)).sum().float()
 
 
 class GradientFeed(nn.Module):
@@ -76,7 +76,7 @@ class GradientFeed(nn.Module):
         params = dict(self.named_parameters())
         return torch.stack(
             [
-                self.q_proj(c) if name == QUERY else (params[name] * c.to(params[name].dtype)).sum().float()
+                self.q_proj(c) if name == QUERY else (params[name] * c.to(params[name])).sum().float()
                 for name, c in feed.items()
             ]
         ).sum()
@@ -120,6 +120,8 @@ class EngineCase:
     #: the max norm the engine clips the gradients to (0: none), and how it scales them (``Engine.clip``)
     clip: float = 0.0
     clip_form: str = "torch"
+    #: what the engine's declaration took out of the drawn case (``Engine.needs_every_grad``), said in its description
+    narrowed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for what, n in (("world_size", self.world_size), ("accumulate", self.accumulate)):
@@ -192,6 +194,8 @@ class EngineCase:
             declared += f"; {QUERY} orthogonalized per head, {self.heads} heads"
         if self.clip:
             declared += f"; gradients clipped to norm {self.clip:g} ({self.clip_form})"
+        if self.narrowed:
+            declared += "; narrowed: " + ", ".join(self.narrowed)
         return (
             f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
             f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks{declared}"
@@ -313,6 +317,8 @@ def judged(case: EngineCase, declared: Engine) -> EngineCase:
     """The case with what the engine declares it is judged against, the reference's settings
     that express its arithmetic, and its declared differences."""
     conventions = {} if declared.conventions is None else dict(declared.conventions(case.config))
+    if case.no_grad and declared.needs_every_grad is not None and declared.needs_every_grad(case.config):
+        case = replace(case, no_grad=(), narrowed=("every parameter has a gradient (the engine needs one here)",))
     return replace(
         case,
         against=declared.judged[case.optimizer],  # type: ignore[index]

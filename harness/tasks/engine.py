@@ -70,12 +70,13 @@ def reference_optimizer(
 
 
 class _Side:
-    """A one-device optimizer on float32 copies of the case's initial parameters, and what its
-    comparisons are marked as (``reference`` or ``self``)."""
+    """A one-device optimizer on float32 copies of the case's initial parameters, on the device the
+    engine put them on (GPU arithmetic is judged against GPU arithmetic), and what its comparisons
+    are marked as (``reference`` or ``self``)."""
 
-    def __init__(self, model: nn.Module, against: str) -> None:
+    def __init__(self, initial: dict[str, Tensor], against: str) -> None:
         self.against = against
-        self.params = {n: nn.Parameter(p.detach().float().clone()) for n, p in model.named_parameters()}
+        self.params = {n: nn.Parameter(p.float().clone()) for n, p in initial.items()}
         self.optimizer: torch.optim.Optimizer
 
     def build(self, case: EngineCase, loaded: LoadedEngine) -> _Side:
@@ -93,10 +94,13 @@ class _Side:
 def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
     loaded = LoadedEngine.load(case.engine)
     model = GradientFeed(case.shapes, case.seed, case.dtype, case.heads)
-    sides = [_Side(model, case.against)]
-    if case.shown and case.against == "reference":
-        sides.append(_Side(model, "self"))
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     run = loaded.factory(model, case.config, ctx.group)
+    device = _device_of(run)
+    initial = {n: p.to(device) for n, p in initial.items()}
+    sides = [_Side(initial, case.against)]
+    if case.shown and case.against == "reference":
+        sides.append(_Side(initial, "self"))
     for side in sides:
         side.build(case, loaded)
     records: list[Comparison] = []
@@ -127,6 +131,12 @@ def run_engine_case(ctx: RankContext, case: EngineCase) -> TaskResult:
     return TaskResult(tuple(records), {})
 
 
+def _device_of(run: EngineRun) -> torch.device:
+    """Where the engine keeps the model it drives (its first parameter's device; the CPU for none)."""
+    first = next(iter(run.module.parameters()), None)
+    return torch.device("cpu") if first is None else first.device
+
+
 def _clip_norm(
     ctx: RankContext, run: EngineRun, case: EngineCase, step: int, gradients: Mapping[str, Tensor]
 ) -> tuple[Tensor, list[Comparison]]:
@@ -155,7 +165,7 @@ def _one_step(sides: list[_Side], gradients: Mapping[str, Tensor], coefficient: 
     """Each side steps on the step's mean ``gradients``, scaled by ``coefficient`` where the engine clipped."""
     for name, grad in gradients.items():
         for side in sides:
-            side.params[name].grad = grad.clone()
+            side.params[name].grad = grad.to(side.params[name].device, copy=True)
     if coefficient is not None:
         for side in sides:
             clip_gradients([p.grad for p in side.params.values() if p.grad is not None], coefficient)
