@@ -257,3 +257,30 @@ def test_engine_gate_catches_a_planted_deepspeed_bug_against_the_reference(
         EngineCase.describe,
     )
     assert minimal.against == "reference", minimal.describe()
+
+
+MEGATRON = "examples.megatron_adapter:megatron_ddp"
+
+
+@pytest.mark.judges(
+    "muongate's engine gate against the reference, with bugs planted in Megatron-core", "muongate: gates"
+)
+@pytest.mark.parametrize("stage", [0, 1])
+@pytest.mark.parametrize("control", ["last_rank_state_lost"])
+def test_engine_gate_catches_a_planted_megatron_bug_against_the_reference(
+    gate_runner: Any, control: str, stage: int
+) -> None:
+    """Under ``--engine examples.megatron_adapter:megatron_ddp``: Megatron with a bug planted after
+    its own step (``examples/megatron_planted_bugs.py``) fails against ``reference.AdamW`` at both stages."""
+    if _engine().spec != MEGATRON:
+        pytest.skip(f"plants its bugs in Megatron-core: runs under --engine {MEGATRON}")
+    spec = f"examples.megatron_planted_bugs:{control}"
+    declared = LoadedEngine.load(spec).declared
+    world = gate_config().nproc
+    minimal = gate_runner.catch(
+        f"negative:engine:megatron {control} stage {stage}",
+        engine_cases(spec, declared, world, checkpoint=False, stage=stage, optimizer="adamw", dtype="float32"),
+        lambda case: differed(gate_runner.run(case, task="engine")),
+        EngineCase.describe,
+    )
+    assert minimal.against == "reference", minimal.describe()

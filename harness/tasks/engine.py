@@ -1,7 +1,8 @@
 """An engine case on one rank: the engine trains the ``GradientFeed`` on this rank's
 micro-batches, the one-device side steps on the mean gradient (exact, ``harness.engines.case``),
-and after every step rank 0 compares every full parameter and every state tensor, read
-through the engine's own API (the reads are collectives every rank makes in the same order).
+and after every step every rank compares every full parameter and every state tensor, as it
+reads them through the engine's own API (the reads are collectives every rank makes in the same
+order).
 
 The one-device side is muongate's reference (``reference.Muon`` with its AdamW groups for
 what is not a matrix, or ``reference.AdamW``), on the settings that express the engine's
@@ -184,29 +185,29 @@ def _save_resharded(ctx: RankContext, loaded: LoadedEngine, run: EngineRun, wher
 
 
 def _compare(ctx: RankContext, run: EngineRun, sides: list[_Side], step: int) -> list[Comparison]:
-    """Every full parameter and state tensor against each one-device side's (on rank 0)."""
+    """Every full parameter and state tensor, as this rank reads it, against each one-device
+    side's: on every rank, so that a replica that went its own way (an engine that keeps the
+    state whole on every rank, each stepping its own) differs where it did."""
     records: list[Comparison] = []
     for name in sides[0].params:
         full = run.full_param(name)
         state = run.full_state(name)
-        if ctx.rank != 0:
-            continue
         for side in sides:
             p = side.params[name]
-            found = [compare(p.detach(), full, tensor=name, step=step, rank=0)]
+            found = [compare(p.detach(), full, tensor=name, step=step, rank=ctx.rank)]
             expected = {k: v for k, v in side.optimizer.state.get(p, {}).items() if torch.is_tensor(v) and v.ndim > 0}
             for key in sorted(expected):
                 if key in state:
-                    found.append(compare(expected[key], state[key], tensor=f"{name}.{key}", step=step, rank=0))
+                    found.append(compare(expected[key], state[key], tensor=f"{name}.{key}", step=step, rank=ctx.rank))
                 else:
-                    found.append(_missing(f"{name}.{key}", step, expected[key]))
+                    found.append(_missing(f"{name}.{key}", step, expected[key], ctx.rank))
             records += [replace(r, against=side.against) for r in found]
     return records
 
 
-def _missing(tensor: str, step: int, expected: torch.Tensor) -> Comparison:
+def _missing(tensor: str, step: int, expected: torch.Tensor, rank: int) -> Comparison:
     """A state tensor the one-device side keeps and the engine does not show."""
-    found = compare(expected, expected.new_empty((0,)), tensor=tensor, step=step, rank=0)
+    found = compare(expected, expected.new_empty((0,)), tensor=tensor, step=step, rank=rank)
     return replace(found, note="the engine shows no such state (full_state did not return it)")
 
 
