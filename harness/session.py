@@ -11,8 +11,9 @@ pytester starts inside another one reads its own. Read where no session is runni
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
@@ -31,5 +32,15 @@ def gate_config() -> GateConfig:
 
 
 def drawn(build: Callable[[GateConfig], st.SearchStrategy[T]]) -> st.SearchStrategy[T]:
-    """A strategy built from the session's configuration when the first example is drawn."""
-    return st.deferred(lambda: build(gate_config()))
+    """A strategy built from the running session's configuration when its first example is drawn,
+    once per session (a session pytester starts inside another builds its own)."""
+    built: weakref.WeakKeyDictionary[Any, st.SearchStrategy[T]] = weakref.WeakKeyDictionary()
+
+    @st.composite
+    def per_session(draw: st.DrawFn) -> T:
+        config = running_config()
+        if config not in built:
+            built[config] = build(gate_config())
+        return draw(built[config])
+
+    return per_session()

@@ -317,30 +317,50 @@ def test_this_checkouts_gates_collected_from_elsewhere_keep_the_profile_the_user
     assert "| 20 |" in row, row
 
 
-NPROC_TEST = """
+SESSION_TEST = """
+from hypothesis import given, settings
+
 from harness.session import gate_config
+from muongate_shared import STRATEGY
 
 
 def test_nproc():
     print("nproc:", gate_config().nproc)
+
+
+@settings(max_examples=1, database=None)
+@given(nproc=STRATEGY)
+def test_drawn(nproc):
+    print("drawn:", nproc)
 """
 
 
-def test_a_session_started_inside_another_reads_its_own_configuration_and_none_outlives_it(
-    pytester: pytest.Pytester,
+def test_a_session_started_inside_another_reads_and_draws_from_its_own_configuration(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The gate modules' configuration (``harness.session``) belongs to the session that collects
-    and runs them: a session pytester starts in this process reads its own ``--nproc``, this test
-    reads its own session's again afterwards, and outside any session reading it is an error."""
+    and runs them: a session pytester starts in this process reads its own ``--nproc``, and draws
+    it from a strategy (``drawn``) this session drew first; this test reads and draws its own
+    session's again afterwards; outside any session reading it is an error."""
     import contextvars
+    import sys
+    import types
 
-    from harness.session import gate_config
+    from hypothesis import find
+    from hypothesis import strategies as st
 
+    from harness.session import drawn, gate_config
+
+    strategy = drawn(lambda config: st.just(config.nproc))
     ours = gate_config().nproc
-    pytester.makepyfile(test_nproc=NPROC_TEST)
+    assert find(strategy, lambda _: True) == ours
+    shared = types.ModuleType("muongate_shared")
+    shared.STRATEGY = strategy  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "muongate_shared", shared)
+    pytester.makepyfile(test_session=SESSION_TEST)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-s", "--nproc", str(ours + 1))
-    result.assert_outcomes(passed=1)
-    assert f"nproc: {ours + 1}\n" in result.stdout.str()
-    assert gate_config().nproc == ours
+    result.assert_outcomes(passed=2)
+    assert f"nproc: {ours + 1}\n" in result.stdout.str() and f"drawn: {ours + 1}\n" in result.stdout.str()
+    assert gate_config().nproc == ours and find(strategy, lambda _: True) == ours
     with pytest.raises(RuntimeError, match="no muongate session is collecting or running tests here"):
         contextvars.Context().run(gate_config)  # an empty context: no session
