@@ -2,15 +2,14 @@
 parallel, in buckets), with its Adam, as a muongate engine (``harness.engines``)::
 
     pip install --no-deps --ignore-requires-python megatron-core==0.19.2   # and triton, on CUDA
-    pytest -m gate --nproc 2 --engine examples.megatron_adapter:megatron_ddp
+    pytest -m gate --gate-device cuda --nproc 1 --engine examples.megatron_adapter:megatron_ddp
 
 Megatron-core allocates its buffers and its optimizers' scalars on CUDA unconditionally
 (docs/pages/engines.md, "Megatron-core", has the lines and the errors on CPU), so the adapter
-needs a GPU: it builds the engine on ``cuda:(rank % GPUs)``. Every rank may share one GPU,
-talking over the harness's gloo process group (``--gate-device cpu``, the default): Megatron's
-gradient and parameter buffers travel by c10d's plain collectives (``reduce_scatter_tensor``,
-``all_gather_into_tensor``, ``all_reduce``), which gloo runs on CUDA tensors. Where no GPU is
-seen the factory refuses, in one line, before it touches Megatron.
+needs a GPU per rank: ``--gate-device cuda`` (NCCL), the engine on ``cuda:(rank % GPUs)``. Ranks
+cannot share one GPU here: under ``--gate-device cpu`` the pool hides the GPUs from its ranks,
+and the factory refuses, in one line, before it touches Megatron. On a GPU machine of one card
+this judges a world of one (Megatron's arithmetic, buffers and buckets, none of the sharding).
 
 What it declares, and why:
 
