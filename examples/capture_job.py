@@ -47,6 +47,7 @@ def main(path: str) -> None:
     model(torch.randn(4, 10)).sum().backward()
     optimizer.step()
     capture(model, optimizer, path)
+    dist.barrier()  # every rank out of its last collective before any tears gloo down
     dist.destroy_process_group()
 
 

@@ -89,6 +89,7 @@ def main(path: str) -> None:
     F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
     optimizer.step()
     capture(model, optimizer, path)
+    dist.barrier()  # every rank out of its last collective before any tears gloo down
     dist.destroy_process_group()
 
 
