@@ -190,31 +190,33 @@ class MegatronRun:
                 return {k: (span.start, span.end, v.detach().float().cpu()) for k, v in tensors.items() if v.ndim > 0}
         return {}
 
-    def _full(self, name: str, key: str) -> Tensor | None:
-        """Stage 1's whole ``key`` of ``name`` from every rank's range (a collective)."""
+    def _full(self, name: str, keys: tuple[str, ...]) -> dict[str, Tensor]:
+        """Stage 1's whole ``keys`` of ``name`` from every rank's range, in one collective."""
         p = self.params[name]
-        mine = self._pieces(p).get(key)
+        mine = {k: v for k, v in self._pieces(p).items() if k in keys}
         held: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(held, mine)
-        pieces = [h for h in held if h is not None]
-        if not pieces:
-            return None
-        whole = torch.full((p.numel(),), float("nan"))
-        for start, end, value in pieces:
-            whole[start:end] = value
-        return whole.view(p.shape).to(p.device)
+        found: dict[str, Tensor] = {}
+        for key in keys:
+            pieces = [h[key] for h in held if key in h]
+            if not pieces:
+                continue
+            whole = torch.full((p.numel(),), float("nan"))
+            for start, end, value in pieces:
+                whole[start:end] = value
+            found[key] = whole.view(p.shape).to(p.device)
+        return found
 
     def full_param(self, name: str) -> Tensor:
         if self.config.stage == 1:
-            found = self._full(name, "param")
-            assert found is not None, f"no rank holds a range of {name}"
-            return found
+            found = self._full(name, ("param",))
+            assert found, f"no rank holds a range of {name}"
+            return found["param"]
         return self._master(self.params[name]).detach().float().clone()
 
     def full_state(self, name: str) -> Mapping[str, Tensor]:
         if self.config.stage == 1:
-            found = {k: self._full(name, k) for k in ADAM_STATE}
-            return {k: v for k, v in found.items() if v is not None}
+            return self._full(name, ADAM_STATE)
         master = self._master(self.params[name])
         own = next((o.optimizer.state[master] for o in self.chained if master in o.optimizer.state), {})
         return {k: own[k].clone() for k in ADAM_STATE if k in own}
