@@ -11,6 +11,12 @@ as class attributes, what the gates need to know about its algorithm:
     first (it is what a failing case shrinks towards). A value may be a
     ``reference.Interval(lo, hi)``, any float in it. ``CONVENTIONS`` are what a candidate
     fixes by declaring them (``Candidate.conventions``).
+``FORMS`` (optional, default none)
+    settings it takes beside ``DEFAULTS`` that express another implementation's arithmetic
+    (``reference.AdamW``'s ``kernels``, ``reference.Muon``'s ``ns_form``…), each with its
+    default: the gates do not draw them and a candidate is not handed them, unless it declares
+    one among its conventions (``gates/examples/torch_adam.py``'s ``adamw_foreach``); an
+    engine names them in ``Engine.conventions``.
 ``PARAM_NDIMS``
     the parameters it takes, by number of dimensions (the gates draw those FSDP2 can shard:
     1-D to 3-D). A reference whose ``DEFAULTS`` has ``use_muon`` is *hybrid*: its
@@ -76,6 +82,8 @@ class Algorithm:
     engine_name: str | None = None
     #: the state that shows which algorithm stepped a parameter (``ROUTES``)
     routes: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
+    #: the settings that express another implementation's arithmetic, with their defaults (``FORMS``)
+    forms: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -132,6 +140,7 @@ class Algorithm:
             bool(getattr(factory, "ELEMENTWISE", False)), frozenset(getattr(factory, "CLAIMS", ())),
             getattr(factory, "ENGINE_NAME", None),
             {name: tuple(keys) for name, keys in getattr(factory, "ROUTES", {}).items()},
+            dict(getattr(factory, "FORMS", {})),
         )  # fmt: skip
 
     @classmethod
@@ -157,7 +166,7 @@ class Algorithm:
 
         if self.factory is None:
             return []
-        unknown = sorted(k for k in settings if k not in self.defaults)
+        unknown = sorted(k for k in settings if k not in self.defaults and k not in self.forms)
         if unknown:
             return [f"unknown keys {unknown}"]
         probe = torch.zeros(2, 2, requires_grad=True)

@@ -34,12 +34,21 @@ state dtype (``state_dtype``)
 the step count
     ``state["step"]`` is a float32 0-d tensor on the CPU, and ``β**t`` is taken in Python
     floats from it, as ``torch.optim.AdamW`` does.
+kernels (``kernels``, a form: ``ADAMW_FORMS``)
+    ``"single_tensor"``: each operation is the tensor's own (``torch.optim.AdamW(foreach=False)``).
+    ``"foreach"``: the same operations through torch's ``_foreach_*`` kernels on one-element
+    lists, in ``torch.optim.AdamW(foreach=True)``'s order (its default on CUDA, and what
+    Megatron-core steps). Their bits differ: on the CPU in bf16 (``p.mul_(0.99)`` in place is
+    not ``_foreach_mul_``'s, measured; float32 agreed on 300 of 300 runs), and on CUDA. Torch has it for its own conventions only, so it takes decoupled or L2
+    decay, ``bias_correction=True``, ``eps_form="outside"`` and ``state_dtype="param"``.
+    Like Muon's forms it is taken but not in ``DEFAULTS``: candidates are not handed it and the
+    gates do not draw it; an engine's ``conventions`` name it.
 
 With ``weight_decay_form="decoupled"``, ``bias_correction=True``, ``eps_form="outside"`` and
 ``state_dtype="param"``, a step is ``torch.optim.AdamW(foreach=False)``'s single-tensor
 arithmetic, operation for operation, and gives its bits; with ``"l2"``, ``torch.optim.Adam``'s
-(``tests/test_reference_adamw.py`` holds both over generated cases). It is not bitwise
-torch's ``foreach`` or ``fused`` implementations, which order the same arithmetic differently.
+(``tests/test_reference_adamw.py`` holds both over generated cases), and with
+``kernels="foreach"`` their ``foreach=True`` forms'. It is not torch's ``fused`` kernel.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from reference.muon import param_names
 WeightDecayForm = Literal["decoupled", "l2"]
 AdamEpsForm = Literal["outside", "inside"]
 StateDtype = Literal["param", "float32"]
+AdamKernels = Literal["single_tensor", "foreach"]
 
 ADAMW_DEFAULTS: dict[str, Any] = dict(
     lr=1e-3,
@@ -68,6 +78,8 @@ ADAMW_DEFAULTS: dict[str, Any] = dict(
     eps_form="outside",
     state_dtype="param",
 )
+#: the settings that express another implementation's kernels; taken, not in ``ADAMW_DEFAULTS``
+ADAMW_FORMS: dict[str, Any] = dict(kernels="single_tensor")
 
 
 def validate_adamw_settings(group: dict[str, Any]) -> None:
@@ -89,9 +101,15 @@ def validate_adamw_settings(group: dict[str, Any]) -> None:
         ("weight_decay_form", get_args(WeightDecayForm)),
         ("eps_form", get_args(AdamEpsForm)),
         ("state_dtype", get_args(StateDtype)),
+        ("kernels", get_args(AdamKernels)),
     ):
-        if group[name] not in choices:
+        if name in group and group[name] not in choices:
             raise bad(name, f"is not one of {choices}")
+    if group.get("kernels") == "foreach":
+        torch_forms = dict(bias_correction=True, eps_form="outside", state_dtype="param")
+        for name, value in torch_forms.items():
+            if group[name] != value:
+                raise bad(name, f"cannot be taken with kernels='foreach' (torch's foreach Adam is {name}={value!r})")
     for name in ("amsgrad", "maximize", "bias_correction"):
         if not isinstance(group[name], bool):
             raise bad(name, "must be True or False")
@@ -122,9 +140,24 @@ def adam_step(
     bias_correction: bool,
     eps_form: AdamEpsForm,
     state_dtype: StateDtype,
+    kernels: AdamKernels = "single_tensor",
 ) -> None:
     """One step of one parameter, its state created on the first call. Elementwise, so a
     piece of ``param``, ``grad`` and every state tensor gives that piece of the result."""
+    if kernels == "foreach":
+        _foreach_adam_step(
+            param,
+            grad,
+            state,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            decoupled=weight_decay_form == "decoupled",
+        )
+        return
     wide = state_dtype == "float32" and param.dtype != torch.float32
     if "step" not in state:
         init_adam_state(param, state, amsgrad=amsgrad, state_dtype=state_dtype)
@@ -160,18 +193,61 @@ def adam_step(
         param.copy_(p)
 
 
+def _foreach_adam_step(
+    param: Tensor,
+    grad: Tensor,
+    state: dict[str, Any],
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled: bool,
+) -> None:
+    """``adam_step`` with torch's conventions through ``_foreach_*`` kernels (``kernels="foreach"``)."""
+    if "step" not in state:
+        init_adam_state(param, state, amsgrad=amsgrad, state_dtype="param")
+    params, exp_avgs, exp_avg_sqs = [param], [state["exp_avg"]], [state["exp_avg_sq"]]
+    grads = torch._foreach_neg([grad]) if maximize else [grad]
+    state["step"] += 1
+    beta1, beta2 = betas
+    if weight_decay != 0:
+        if decoupled:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        else:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    second = exp_avg_sqs
+    if amsgrad:
+        second = [state["max_exp_avg_sq"]]
+        torch._foreach_maximum_(second, exp_avg_sqs)
+    step = state["step"].item()
+    step_size = -(lr / (1 - beta1**step))
+    denom = torch._foreach_sqrt(second)
+    torch._foreach_div_(denom, [(1 - beta2**step) ** 0.5])
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, [step_size])
+
+
 class PerParameter(torch.optim.Optimizer):
     """A reference that steps each parameter with a gradient on its own, ``STEP(param, grad, state,
-    **settings)``, after its settings are checked by ``VALIDATE(group)`` (``AdamW``, ``Adafactor``)."""
+    **settings)``, after its settings are checked by ``VALIDATE(group)`` (``AdamW``, ``Adafactor``).
+    ``FORMS`` are settings it takes beside ``DEFAULTS`` that a group holds only where given."""
 
     DEFAULTS: ClassVar[dict[str, Any]]
+    FORMS: ClassVar[dict[str, Any]] = {}
     STEP: ClassVar[Callable[..., None]]
     VALIDATE: ClassVar[Callable[[dict[str, Any]], None]]
 
     def __init__(self, params: Iterable[Any], **settings: Any) -> None:
-        unknown = set(settings) - set(self.DEFAULTS)
+        known = {**self.DEFAULTS, **self.FORMS}
+        unknown = set(settings) - set(known)
         if unknown:
-            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(self.DEFAULTS)}")
+            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(known)}")
         super().__init__(params, {**self.DEFAULTS, **settings})
         for gi, group in enumerate(self.param_groups):
             type(self).VALIDATE(group)
@@ -189,6 +265,7 @@ class PerParameter(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             settings = {k: group[k] for k in self.DEFAULTS}
+            settings.update({k: group[k] for k in self.FORMS if k in group})
             for p in group["params"]:
                 if p.grad is not None:
                     type(self).STEP(p, cast(Tensor, p.grad), self.state[p], **settings)
@@ -224,6 +301,7 @@ class AdamW(PerParameter):
     #: every element's step reads that element alone
     ELEMENTWISE: ClassVar[bool] = True
     DEFAULTS: ClassVar[dict[str, Any]] = ADAMW_DEFAULTS
+    FORMS: ClassVar[dict[str, Any]] = ADAMW_FORMS
     #: the optimizer's name in the engine contract (``harness.engines``)
     ENGINE_NAME: ClassVar[str | None] = "adamw"
     #: the state that shows a parameter stepped as AdamW (the routing audit)

@@ -99,6 +99,8 @@ class LowBitAdamW(AdamW):
     #: a block's scale reads the whole block, across pieces
     ELEMENTWISE: ClassVar[bool] = False
     DEFAULTS: ClassVar[dict[str, Any]] = LOWBIT_DEFAULTS
+    #: its moments are float32 whatever the parameter: torch's foreach kernels are not its form
+    FORMS: ClassVar[dict[str, Any]] = {}
     #: no engine asks for it by name (its parent AdamW's name is AdamW's alone)
     ENGINE_NAME: ClassVar[str | None] = None
     STEP = lowbit_adam_step

@@ -646,6 +646,8 @@ class Muon(torch.optim.Optimizer):
     #: the state it keeps per parameter; each is compared with a candidate's state of that name
     STATE: ClassVar[tuple[str, ...]] = FLOAT32_STATE
     DEFAULTS: ClassVar[dict[str, Any]] = MUON_DEFAULTS
+    #: the settings taken beside ``DEFAULTS`` that express another Muon's arithmetic
+    FORMS: ClassVar[dict[str, Any]] = FORM_DEFAULTS
     #: the gates' claims that hold for this family alone: its update is Newton–Schulz's (the
     #: gathered and owner-split modes, the causes of difference), beside AdamW groups, with the
     #: norm's bf16 ties and the output's spectrum, and on row blocks (``ns_heads``, ``ns_split``);
@@ -666,9 +668,9 @@ class Muon(torch.optim.Optimizer):
     ) -> None:
         self.orthogonalize_fn = orthogonalize_fn
         defaults = type(self).DEFAULTS
-        unknown = set(settings) - set(defaults) - set(FORM_DEFAULTS)
+        unknown = set(settings) - set(defaults) - set(type(self).FORMS)
         if unknown:
-            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted({**defaults, **FORM_DEFAULTS})}")
+            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted({**defaults, **type(self).FORMS})}")
         super().__init__(params, {**defaults, **settings})
         for gi, group in enumerate(self.param_groups):
             type(self).VALIDATE(group)

@@ -1,7 +1,8 @@
 """Claims about ``reference.AdamW``: with torch's conventions it is ``torch.optim.AdamW(foreach=False)``
 (and with L2 weight decay ``torch.optim.Adam``) bit for bit, over generated shapes, dtypes,
-hyperparameters, steps and missing gradients; each convention setting changes the result;
-bad settings are refused by name.
+hyperparameters, steps and missing gradients, and with ``kernels="foreach"`` their ``foreach=True``
+forms, on every device this machine has; each convention setting changes the result; bad
+settings are refused by name.
 
 Why bitwise: the reference runs torch's single-tensor arithmetic operation for operation
 (``reference/adamw.py``), on the same device, so the same bits are the claim.
@@ -36,12 +37,15 @@ def _runs(draw: st.DrawFn) -> dict:
     )
 
 
-def _trajectory(make, run: dict) -> tuple[torch.Tensor, dict]:
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def _trajectory(make, run: dict, device: str = "cpu") -> tuple[torch.Tensor, dict]:
     gen = torch.Generator().manual_seed(run["seed"])
-    p = torch.randn(run["shape"], generator=gen).to(run["dtype"]).requires_grad_()
+    p = torch.randn(run["shape"], generator=gen).to(device, run["dtype"]).requires_grad_()
     opt = make([p])
     for step in range(run["steps"]):
-        g = torch.randn(run["shape"], generator=gen).to(run["dtype"])
+        g = torch.randn(run["shape"], generator=gen).to(device, run["dtype"])
         p.grad = None if step in run["missing"] else g
         opt.step()
     return p.detach(), opt.state.get(p, {})
@@ -55,11 +59,12 @@ def _assert_same_bits(ours: tuple[torch.Tensor, dict], torchs: tuple[torch.Tenso
         assert c.passed, c.line()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @given(run=_runs())
 @settings(max_examples=300, deadline=None)
-def test_reference_adamw_is_torch_adamw_for_loop_bitwise(run: dict) -> None:
-    ours = _trajectory(lambda ps: AdamW(ps, **run["kw"]), run)
-    torchs = _trajectory(lambda ps: torch.optim.AdamW(ps, foreach=False, **run["kw"]), run)
+def test_reference_adamw_is_torch_adamw_for_loop_bitwise(device: str, run: dict) -> None:
+    ours = _trajectory(lambda ps: AdamW(ps, **run["kw"]), run, device)
+    torchs = _trajectory(lambda ps: torch.optim.AdamW(ps, foreach=False, **run["kw"]), run, device)
     _assert_same_bits(ours, torchs)
 
 
@@ -68,6 +73,17 @@ def test_reference_adamw_is_torch_adamw_for_loop_bitwise(run: dict) -> None:
 def test_reference_with_l2_weight_decay_is_torch_adam_for_loop_bitwise(run: dict) -> None:
     ours = _trajectory(lambda ps: AdamW(ps, weight_decay_form="l2", **run["kw"]), run)
     torchs = _trajectory(lambda ps: torch.optim.Adam(ps, foreach=False, **run["kw"]), run)
+    _assert_same_bits(ours, torchs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("torch_class", [torch.optim.AdamW, torch.optim.Adam])
+@given(run=_runs())
+@settings(max_examples=100, deadline=None)
+def test_reference_with_foreach_kernels_is_torch_foreach_adam_bitwise(torch_class, device: str, run: dict) -> None:
+    form = "decoupled" if torch_class is torch.optim.AdamW else "l2"
+    ours = _trajectory(lambda ps: AdamW(ps, weight_decay_form=form, kernels="foreach", **run["kw"]), run, device)
+    torchs = _trajectory(lambda ps: torch_class(ps, foreach=True, **run["kw"]), run, device)
     _assert_same_bits(ours, torchs)
 
 
@@ -80,12 +96,18 @@ def test_reference_with_l2_weight_decay_is_torch_adam_for_loop_bitwise(run: dict
         {"state_dtype": "float32"},
         {"amsgrad": True},
         {"maximize": True},
+        {"kernels": "foreach"},
     ],
 )
 def test_every_convention_changes_the_result(convention: dict) -> None:
     """No setting is dead: each, alone, moves a bf16 parameter off torch's bits within three steps."""
     run = dict(
-        shape=(16, 9), dtype=torch.bfloat16, steps=3, seed=3, missing=set(), kw=dict(lr=0.1, eps=1e-3, betas=(0.9, 0.5))
+        shape=(16, 9),
+        dtype=torch.bfloat16,
+        steps=3,
+        seed=3,
+        missing=set(),
+        kw=dict(lr=0.1, eps=1e-3, betas=(0.9, 0.5), weight_decay=0.1),
     )
     ours = _trajectory(lambda ps: AdamW(ps, **run["kw"], **convention), run)
     torchs = _trajectory(lambda ps: torch.optim.AdamW(ps, foreach=False, **run["kw"]), run)
@@ -115,6 +137,8 @@ def test_float32_state_stays_float32_through_a_state_dict_round_trip() -> None:
         ({"state_dtype": "bf16"}, "state_dtype='bf16'"),
         ({"amsgrad": 1}, "amsgrad=1"),
         ({"momentum": 0.9}, "unknown setting(s) ['momentum']"),
+        ({"kernels": "fused"}, "kernels='fused' is not one of"),
+        ({"kernels": "foreach", "eps_form": "inside"}, "eps_form='inside' cannot be taken with kernels='foreach'"),
     ],
 )
 def test_bad_settings_are_refused_by_name(settings: dict, named: str) -> None:

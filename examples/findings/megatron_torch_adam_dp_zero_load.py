@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29547", CUDA_DEVICE_MAX_CONNECTIONS="1")
-dist.init_process_group("gloo", rank=0, world_size=1)
 torch.cuda.set_device(0)
+dist.init_process_group("nccl", rank=0, world_size=1)
 
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402

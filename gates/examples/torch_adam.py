@@ -4,7 +4,8 @@ users hand them over: ``torch.optim.AdamW(model.parameters(), ...)`` after ``ful
 
 Each declares ``reference.AdamW`` (``Candidate(reference=…)``) and the conventions of its class:
 torch keeps the moments in the parameter's dtype, with bias correction and eps outside the
-root; ``AdamW``'s decay is decoupled and ``Adam``'s is L2. Each works element by element on
+root; ``AdamW``'s decay is decoupled and ``Adam``'s is L2; the ``foreach`` factories run
+torch's ``_foreach_*`` kernels (``reference.AdamW``'s form ``kernels="foreach"``). Each works element by element on
 whatever DTensor it is handed, so each declares every layout. ``--impl
 gates.examples.torch_adam:adamw_foreach`` puts one through every gate that holds for any
 algorithm.
@@ -76,8 +77,9 @@ for _factory in (*ADAMW, *ADAM):
         conventions={
             **_TORCH_CONVENTIONS,
             "weight_decay_form": "decoupled" if _factory in ADAMW else "l2",
+            **({"kernels": "foreach"} if _factory in (adamw_foreach, adam_foreach) else {}),
         },
         layouts=LAYOUTS,
-        # measured on the for-loop kernels only (Adam's and AdamW's are one function in torch)
-        differences={"signed_zero"} if _factory in (adamw_for_loop, adam_for_loop) else (),
+        # measured on the for-loop and foreach kernels (the fused kernel is another order of arithmetic)
+        differences={"signed_zero"} if _factory not in (adamw_fused, adam_fused) else (),
     )(_factory)
