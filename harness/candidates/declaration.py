@@ -17,7 +17,8 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     ``reference.Muon``. The gates draw that reference's settings and tensors
     (``harness.algorithms``).
 ``conventions``
-    the reference settings it implements (``{"momentum_form": "ema", "eps_form": "clamp"}``).
+    the reference settings it implements (``{"momentum_form": "ema", "eps_form": "clamp"}``),
+    its forms too (``{"kernels": "foreach"}``: ``harness.algorithms``, ``FORMS``).
     Every case uses them on both sides. A key the reference does not know, or a value it cannot
     take, makes every gate skip, naming it; nothing is compared silently.
 ``features``
