@@ -19,6 +19,7 @@ from collections import defaultdict
 
 from hypothesis import HealthCheck, given, settings
 
+from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases
 from harness.ranks import RankPool
 from harness.runner import Ran
@@ -47,7 +48,11 @@ def main() -> None:
             derandomize=True,
             suppress_health_check=list(HealthCheck),
         )
-        @given(case=cases(max_world=args.nproc, max_steps=1, max_params=3, max_side=args.max_side, adamw=False))
+        @given(
+            case=cases(
+                max_world=args.nproc, max_steps=1, max_params=3, max_side=args.max_side, adamw=False, algorithm=MUON
+            )
+        )
         def one(case: Case) -> None:
             nonlocal failures
             start = time.perf_counter()

@@ -22,6 +22,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 
 from gates.clip_controls import CLIP_CONTROLS, UnplantedClipMuon
+from harness.algorithms import MUON
 from harness.cases import Case, clip_cases
 from harness.compare import CLIP_NORM
 from harness.ranks import RankPool
@@ -34,7 +35,7 @@ def drawn(nproc: int, count: int) -> list[Case]:
     out: list[Case] = []
 
     @settings(max_examples=count, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(clip_cases(max_world=nproc))
+    @given(clip_cases(max_world=nproc, algorithm=MUON))
     def collect(case: Case) -> None:
         assert case.clip is not None
         if math.isinf(case.clip.norm_type):

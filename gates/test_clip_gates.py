@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 
 from gates.clip_controls import CLIP_CONTROLS, UnplantedClipMuon, known_torch_finding
+from harness.algorithms import MUON
 from harness.cases import Case, clip_cases
 from harness.runner.ran import differed
 from harness.session import drawn, gate_config
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.gate
 
 
 @pytest.mark.judges("torch.nn.utils.clip_grad_norm_ on DTensor gradients, then ShardedMuon's step", "torch: clipping")
-@given(case=drawn(lambda s: clip_cases(max_world=s.nproc)))
+@given(case=drawn(lambda s: clip_cases(max_world=s.nproc, algorithm=MUON)))
 def test_torch_clip_grad_norm_on_every_layout_matches_the_full_gradients(gate_runner: Any, case: Case) -> None:
     gate_runner.reference_only("clip:torch")
     gate_runner.check("clip:torch", known_torch_finding(case))
@@ -50,7 +51,7 @@ controls = pytest.mark.judges(
 
 
 @controls
-@given(case=drawn(lambda s: clip_cases(max_world=s.nproc)))
+@given(case=drawn(lambda s: clip_cases(max_world=s.nproc, algorithm=MUON)))
 @settings(max_examples=max(5, settings().max_examples // 4))
 def test_unplanted_clip_control_lies_within_the_tier(gate_runner: Any, case: Case) -> None:
     """The hand-written clip the controls are built on is correct: each bug is its only difference."""
@@ -70,7 +71,7 @@ def test_clip_gate_catches_negative_control(gate_runner: Any, control: str) -> N
 
     gate_runner.catch(
         f"negative:clip:{control}",
-        clip_cases(max_world=nproc, families=families),
+        clip_cases(max_world=nproc, families=families, algorithm=MUON),
         lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.algorithms import MUON
 from harness.candidates import Kernel
 from harness.cases import Case, KernelCase, cases, matrix_shapes
 from harness.session import drawn
@@ -47,7 +48,7 @@ def _off_reference(gate_runner: Any, case: KernelCase) -> tuple[str | None, Any]
     return (None if c.passed else f"relative Frobenius error {c.rel_fro:.3g} outside its tier: {c.line()}"), ran
 
 
-@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=2, max_params=2, adamw=False)))
+@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=2, max_params=2, adamw=False, algorithm=MUON)))
 def test_sharded_optimizer_with_the_kernel_matches_reference_with_the_kernel_bitwise(
     gate_runner: Any, kernel: Kernel, case: Case
 ) -> None:

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from gates.examples.gram_partial_muon import gram_partial_local_gram_muon, gram_partial_muon
 from gates.negative_controls import LAYOUT_CONTROLS
-from harness.cases import Case, ParamSpec, layout_cases, muon_settings
+from harness.algorithms import MUON
+from harness.cases import Case, ParamSpec, layout_cases, settings_of
 from harness.layouts import EXPERTS, FSDP
 from harness.runner.ran import differed
 from harness.session import drawn, gate_config
@@ -50,7 +51,7 @@ def test_layout_gate_catches_negative_control(gate_runner: Any, control: str) ->
 
     minimal = gate_runner.catch(
         f"negative:layouts:{control}",
-        layout_cases(max_world=gate_config().nproc, min_world=ranks),
+        layout_cases(max_world=gate_config().nproc, min_world=ranks, algorithm=MUON),
         lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )
@@ -69,7 +70,7 @@ def _rowwise_cases(draw: st.DrawFn, candidate: Any) -> Case:
     for i in range(draw(st.integers(1, 2))):
         rows = draw(st.integers(1, 32))
         params.append(ParamSpec(f"w{i}", (rows, draw(st.integers(rows, 64))), style="rowwise"))
-    settings = {**dict(draw(muon_settings())), "lr": 1.0, "weight_decay": 0.0, "ns_steps": 5,
+    settings = {**dict(draw(settings_of(MUON))), "lr": 1.0, "weight_decay": 0.0, "ns_steps": 5,
                 "ns_coefficients": "keller", "momentum_form": "sum",
                 "eps_form": "add", "adjust_lr_fn": "original"}  # fmt: skip
     return Case(

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 
 from gates.negative_controls import NEGATIVE_CONTROLS, NORMUON_CONTROLS, PlantedMuon, PlantedNorMuon, ShardSumNormMuon
-from harness.algorithms import Algorithm
+from harness.algorithms import MUON, Algorithm
 from harness.cases import Case, cases, layout_cases, norm_tie_cases
 from harness.runner.ran import differed
 from harness.session import gate_config
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.judges("muongate's own gates, with planted bugs (negative controls)", "muongate: gates"),
 ]
 
-CONTROL_CASES = cases(max_world=2, max_steps=3, max_params=2, adamw=False)
+CONTROL_CASES = cases(max_world=2, max_steps=3, max_params=2, adamw=False, algorithm=MUON)
 
 
 def _planted(case: Case, control: type[PlantedMuon]) -> Case:

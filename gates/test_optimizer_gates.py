@@ -25,6 +25,7 @@ import pytest
 from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
+from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases, norm_tie_cases, session_cases
 from harness.cases.case import DType
 from harness.causes import FAMILIES, STEPS, NotSeparable, cause_tiers, shape_in
@@ -35,7 +36,11 @@ pytestmark = pytest.mark.gate
 
 
 @pytest.mark.judges("muongate's own gather and owner exchange (distributed_impl)", "muongate: exchange")
-@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=1, max_params=3, adamw=False, experts=False)))
+@given(
+    case=drawn(
+        lambda s: cases(max_world=s.nproc, max_steps=1, max_params=3, adamw=False, experts=False, algorithm=MUON)
+    )
+)
 def test_gathered_matrix_orthogonalizes_to_reference_rows_bitwise(gate_runner: Any, case: Case) -> None:
     """Judges muongate's own gather and owner exchange (``distributed_impl``), not a candidate."""
     gate_runner.check("orthogonalize_gathered", case, task="orthogonalize")
@@ -55,7 +60,7 @@ def test_several_steps_with_momentum_nesterov_and_weight_decay_match_reference_b
     gate_runner.check("several_steps", case)
 
 
-@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=3, max_params=4, adamw=True)))
+@given(case=drawn(lambda s: cases(max_world=s.nproc, max_steps=3, max_params=4, adamw=True, algorithm=MUON)))
 def test_hybrid_muon_and_adamw_groups_match_reference_bitwise(gate_runner: Any, case: Case) -> None:
     gate_runner.algorithm_claim("hybrid_groups", "Muon and AdamW groups side by side")
     gate_runner.require("hybrid_groups", {"adamw"}, "its claim is Muon and AdamW groups side by side")
@@ -203,7 +208,7 @@ def test_step_after_a_real_fsdp2_backward_matches_reference_bitwise(
     # micro-batches; the reference is fed those gradients, gathered.
     algorithm = gate_config().algorithm
     case = backward_model_case(seed, dims, world, 2, mode)
-    if algorithm is not None and algorithm.in_case is not None:
+    if algorithm.in_case is not None:
         case = replace(case, reference=algorithm.in_case, mode=None, settings=())
     gate_runner.check("real_backward", case, task="backward")
 

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gates.negative_controls import ROBUSTNESS_CONTROLS
-from harness.algorithms import MUON, Algorithm
+from harness.algorithms import Algorithm
 from harness.candidates import MISSING_GRADS
 from harness.cases import Case, ParamSpec, matrix_shapes, settings_of
 from harness.cases.case import DType
@@ -39,7 +39,7 @@ _DTYPES: st.SearchStrategy[DType] = st.sampled_from(["float32", "bfloat16"])
 
 def _algorithm() -> Algorithm:
     """The session's reference: what the scenarios draw settings for and judge against."""
-    return gate_config().algorithm or MUON
+    return gate_config().algorithm
 
 
 @st.composite

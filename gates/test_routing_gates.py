@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gates.negative_controls import FlattenedRoutingMuon
 from harness.algorithms import MUON
-from harness.cases import Case, ParamSpec, layout_cases, session_cases
+from harness.cases import Case, ParamSpec, cases, layout_cases, session_cases
 from harness.runner.routing import judge_routes
 from harness.session import GateConfig, drawn, gate_config
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.gate
 
 
 def _audited(config: GateConfig) -> None:
-    algorithm = config.algorithm or MUON
+    algorithm = config.algorithm
     if not algorithm.routes:
         pytest.skip(f"routing: {algorithm.title} declares no ROUTES, the state that shows what stepped a parameter")
 
@@ -59,7 +59,7 @@ def transformer_parameters(hybrid: bool) -> tuple[ParamSpec, ...]:
 def test_routing_audit_lists_which_algorithm_stepped_each_parameter(gate_runner: Any) -> None:
     config = gate_config()
     _audited(config)
-    algorithm = config.algorithm or MUON
+    algorithm = config.algorithm
     world = min(config.nproc, 4)
     case = Case(transformer_parameters(algorithm.hybrid), seed=1, world_size=world, mesh=(world,), steps=2,
                 mode="all_ranks" if algorithm.orthogonalizes else None, reference=algorithm.in_case)  # fmt: skip
@@ -79,7 +79,7 @@ def test_routing_audit_catches_parameters_routed_flattened(gate_runner: Any) -> 
 
     gate_runner.catch(
         "negative:routing:FlattenedRoutingMuon",
-        session_cases(replace(gate_config(), algorithm=None), max_world=gate_config().nproc, max_steps=2),
+        cases(max_world=gate_config().nproc, max_steps=2, algorithm=MUON),
         caught,
         lambda case: on(case).describe(),
     )

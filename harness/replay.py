@@ -220,12 +220,9 @@ def _tupled(value: Any) -> Any:
     return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
 
 
-def replay(capture: Capture, *, nproc: int, algorithm: Algorithm | None = None) -> Replay:
-    """The cases that replay ``capture`` on a pool of ``nproc`` ranks for ``algorithm`` (``None``:
-    ``reference.Muon``), and what they kept."""
-    from harness.algorithms import MUON
-
-    algorithm = algorithm or MUON
+def replay(capture: Capture, *, nproc: int, algorithm: Algorithm) -> Replay:
+    """The cases that replay ``capture`` on a pool of ``nproc`` ranks for ``algorithm`` (a family,
+    ``harness.algorithms``), and what they kept."""
     notes = [capture.summary()]
     fixed = _settings(capture, algorithm, notes)
     by_mesh: dict[tuple[tuple[int, ...], tuple[Any, ...]], list[tuple[Mapping[str, Any], tuple[Placement, ...]]]] = {}

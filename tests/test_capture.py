@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from support import REPO, repo_env, run_python
 
+from harness.algorithms import MUON
 from harness.capture import SCHEMA, VERSION, CaptureError, load_capture
 from harness.layouts import FSDP, FSDP_TP
 from harness.replay import replay
@@ -50,9 +51,9 @@ def test_a_torchrun_job_captures_every_ranks_piece_and_no_weights(tmp_path: Path
     assert sum(r["local_shape"][0] for r in tp["2.weight"]["ranks"]) == 2 * 3, "each row on the two tp ranks"
 
     # replayed as captured: the families and styles muongate's builders give exactly these pieces
-    (fsdp,) = replay(two, nproc=2).meshes
+    (fsdp,) = replay(two, nproc=2, algorithm=MUON).meshes
     assert fsdp.case.layout is FSDP and [p.shape for p in fsdp.case.params] == [(8, 10), (3, 8), (8,), (3,)]
-    replayed = replay(four, nproc=4)
+    replayed = replay(four, nproc=4, algorithm=MUON)
     (both,) = replayed.meshes
     assert both.case.layout is FSDP_TP and both.case.mesh == (2, 2) and both.case.tp == 2
     assert [(p.name, p.style) for p in both.case.params] == [("p0_weight", "colwise"), ("p2_weight", "rowwise"),

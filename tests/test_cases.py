@@ -9,7 +9,8 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from harness.cases import Case, Clip, ParamSpec, cases, clip_cases, matrix_shapes, muon_settings
+from harness.algorithms import MUON
+from harness.cases import Case, Clip, ParamSpec, cases, clip_cases, matrix_shapes, settings_of
 from harness.layouts import EP_EFSDP, HSDP
 
 
@@ -18,9 +19,9 @@ from harness.layouts import EP_EFSDP, HSDP
     [
         (lambda: matrix_shapes(min_side=5, max_side=3), "min_side=5 is larger than max_side=3"),
         (lambda: matrix_shapes(min_side=0), "min_side=0 must be at least 1"),
-        (lambda: cases(max_world=0), "max_world=0 must be at least 1"),
-        (lambda: cases(max_params=0), "max_params=0 must be at least 1"),
-        (lambda: cases(max_steps=0), "max_steps=0 must be at least 1"),
+        (lambda: cases(max_world=0, algorithm=MUON), "max_world=0 must be at least 1"),
+        (lambda: cases(max_params=0, algorithm=MUON), "max_params=0 must be at least 1"),
+        (lambda: cases(max_steps=0, algorithm=MUON), "max_steps=0 must be at least 1"),
     ],
 )
 def test_bad_strategy_arguments_raise_naming_the_values(strategy, message):
@@ -28,7 +29,7 @@ def test_bad_strategy_arguments_raise_naming_the_values(strategy, message):
         find(strategy(), lambda _: True)
 
 
-@given(case=cases(max_world=4, hsdp=True, checkpoint=True))
+@given(case=cases(max_world=4, hsdp=True, checkpoint=True, algorithm=MUON))
 @settings(max_examples=50)
 def test_cases_pickle_and_respect_their_bounds(case: Case):
     assert pickle.loads(pickle.dumps(case)) == case
@@ -38,14 +39,14 @@ def test_cases_pickle_and_respect_their_bounds(case: Case):
 
 
 def test_cases_shrink_to_one_rank_one_small_square_fp32_matrix_one_step():
-    simplest = find(cases(max_world=4), lambda _: True)
+    simplest = find(cases(max_world=4, algorithm=MUON), lambda _: True)
     assert simplest.world_size == 1 and simplest.steps == 1
     assert simplest.params == (ParamSpec("w0", (4, 4), "float32"),)
-    assert dict(simplest.settings) == dict(find(muon_settings(), lambda _: True))
+    assert dict(simplest.settings) == dict(find(settings_of(MUON), lambda _: True))
 
 
 def test_settings_shrink_to_the_defaults():
-    defaults = dict(find(muon_settings(), lambda _: True))
+    defaults = dict(find(settings_of(MUON), lambda _: True))
     assert defaults == {
         "lr": 0.02, "momentum": 0.95, "nesterov": True, "weight_decay": 0.0, "ns_steps": 5,
         "momentum_form": "ema", "ns_coefficients": "keller", "eps_form": "add", "ns_dtype": "bfloat16",
@@ -64,7 +65,7 @@ def test_some_drawn_shapes_leave_a_rank_with_an_empty_shard():
 
 
 def test_clip_cases_shrink_to_fsdp2_on_one_rank_clipping_the_2_norm_to_one_with_nothing_tied():
-    simplest = find(clip_cases(max_world=4), lambda _: True)
+    simplest = find(clip_cases(max_world=4, algorithm=MUON), lambda _: True)
     assert simplest.world_size == 1 and simplest.clip == Clip(1.0, 2.0, None)
     assert simplest.params == (ParamSpec("w0", (4, 4), "float32"),)
 
@@ -82,4 +83,4 @@ def test_clip_cases_shrink_to_fsdp2_on_one_rank_clipping_the_2_norm_to_one_with_
     ids=["experts", "hsdp", "tp-replicated matrix", "tp-replicated vector", "tied, inf-norm", "1-norm, scales"],
 )
 def test_clip_cases_draw_every_duplication_clipping_meets(what):
-    find(clip_cases(max_world=4), what, settings=settings(max_examples=2000))
+    find(clip_cases(max_world=4, algorithm=MUON), what, settings=settings(max_examples=2000))

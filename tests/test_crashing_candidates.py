@@ -34,6 +34,7 @@ from examples.aborting_muon import aborting_muon
 from examples.bf16_state_muon import bf16_state_muon
 from examples.deadlock_muon import deadlock_muon
 from examples.slow_muon import slow_muon
+from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases
 from raising import raising
 
@@ -57,7 +58,7 @@ def test_slow_but_correct(gate_runner):
     gate_runner.check("slow", two((8, 4), slow_muon))
 
 
-ONE_MATRIX = cases(max_world=2, max_params=1, max_steps=1, adamw=False, experts=False)
+ONE_MATRIX = cases(max_world=2, max_params=1, max_steps=1, adamw=False, experts=False, algorithm=MUON)
 
 
 @given(case=ONE_MATRIX)

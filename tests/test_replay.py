@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from support import REPO, run_pytest
 
 from gates.negative_controls import PastFirstBucketMuon
+from harness.algorithms import MUON
 from harness.capture import SCHEMA, VERSION, load_capture
 from harness.cases import cases, layout_cases
 from harness.layouts import FSDP, FSDP_TP
@@ -99,7 +100,7 @@ LLAMA_64 = {
 
 def test_a_64_rank_fsdp_tp_capture_replays_on_four_ranks_keeping_its_pieces(tmp_path: Path) -> None:
     capture = load_capture(_fsdp_tp_capture(tmp_path / "llama-64.json", 8, 8, LLAMA_64))
-    replayed = replay(capture, nproc=4)
+    replayed = replay(capture, nproc=4, algorithm=MUON)
     (only,) = replayed.meshes
     case = only.case
     assert case.layout is FSDP_TP and case.mesh == (2, 2) and case.tp == 2 and replayed.grids == ((2, 2),)
@@ -121,7 +122,7 @@ def test_a_64_rank_fsdp_tp_capture_replays_on_four_ranks_keeping_its_pieces(tmp_
     assert hidden == ["layers.0.feed_forward.w1.weight: dim 0 2731 → 172: pieces of 43 kept; 41, 36 not kept"]
     assert "2 ranks" not in " ".join(replayed.lines)
 
-    on_two = replay(capture, nproc=2)
+    on_two = replay(capture, nproc=2, algorithm=MUON)
     assert not on_two.meshes
     assert "mesh [8, 8]: not replayed: a split on each of its dims needs --nproc 4 or more" in on_two.lines
 
@@ -136,7 +137,7 @@ def test_what_muongate_cannot_lay_out_as_captured_is_named_not_replayed_otherwis
     )
     data["params"][0]["layout"]["ranks"][3] = {"local_shape": [1, 4]}
     path.write_text(json.dumps(data))
-    lines = replay(load_capture(path), nproc=4).lines
+    lines = replay(load_capture(path), nproc=4, algorithm=MUON).lines
     assert (
         "w: not replayed: rank 3 holds [1, 4], where (_StridedShard(dim=0, sf=2), Shard(dim=0)) gives [2, 4]" in lines
     )
@@ -146,7 +147,7 @@ def test_what_muongate_cannot_lay_out_as_captured_is_named_not_replayed_otherwis
 
 
 def test_a_16_rank_fsdp2_capture_replays_on_two_ranks_with_its_pieces() -> None:
-    replayed = replay(load_capture(LLAMA), nproc=2)
+    replayed = replay(load_capture(LLAMA), nproc=2, algorithm=MUON)
     (only,) = replayed.meshes
     assert only.case.layout is FSDP and only.case.mesh == (2,)
     shapes = {p.name: p.shape for p in only.case.params}
@@ -156,7 +157,12 @@ def test_a_16_rank_fsdp2_capture_replays_on_two_ranks_with_its_pieces() -> None:
     assert not any(p.use_muon for p in only.case.params if p.name.startswith(("embed", "output", "norm")))
 
 
-@given(case=st.one_of(cases(max_world=8, max_params=3, max_steps=1), layout_cases(max_world=8, max_params=3)))
+@given(
+    case=st.one_of(
+        cases(max_world=8, max_params=3, max_steps=1, algorithm=MUON),
+        layout_cases(max_world=8, max_params=3, algorithm=MUON),
+    )
+)
 @settings(max_examples=300, deadline=None)
 def test_no_drawn_case_fills_the_bucket_the_planted_replay_bug_needs(case: Any) -> None:
     """The replay gate's control (``PastFirstBucketMuon``) shows only past one bucket on a rank;
@@ -189,7 +195,7 @@ def _round_trip(pool: Any, case: Any) -> None:
         path = Path(tmp, "layout.json")
         ran = pool.run(selftest_tasks.layout_capture, (case, str(path)), world_size=case.world_size)
         assert ran.ok, ran.failure.describe()
-        replayed = replay(load_capture(path), nproc=pool.nproc)
+        replayed = replay(load_capture(path), nproc=pool.nproc, algorithm=MUON)
     (only,) = replayed.meshes
     assert (only.case.layout, only.case.mesh, only.case.tp, only.case.ep) == (case.layout, case.mesh, case.tp, case.ep)
     theirs = {p.name.removesuffix("_weight"): (p.shape, p.dtype, p.use_muon) for p in only.case.params}
@@ -215,7 +221,7 @@ def pool8() -> Any:
         yield ranks
 
 
-@given(case=layout_cases(max_world=4, min_world=1, max_params=3))
+@given(case=layout_cases(max_world=4, min_world=1, max_params=3, algorithm=MUON))
 @settings(max_examples=30, deadline=None)
 def test_a_capture_of_muongates_own_layouts_replays_as_the_case_that_built_them(pool: Any, case: Any) -> None:
     """Round trip at 1 to 4 ranks, every family drawn there (FSDP2, TP, FSDP2 × TP, HSDP, EP)."""
@@ -223,7 +229,7 @@ def test_a_capture_of_muongates_own_layouts_replays_as_the_case_that_built_them(
 
 
 @pytest.mark.slow
-@given(case=layout_cases(max_world=8, min_world=8, max_params=3))
+@given(case=layout_cases(max_world=8, min_world=8, max_params=3, algorithm=MUON))
 @settings(max_examples=30, deadline=None)
 def test_a_capture_of_muongates_own_layouts_at_eight_ranks_replays_as_the_case_that_built_them(
     pool8: Any, case: Any

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
+from harness.algorithms import MUON
 from harness.cases.case import Case, Clip, DType, GradKind, Mode, ParamSpec, QKClip, ReshardCase, Style, stored_setting
 from harness.layouts import DRAWN, Layout
 
@@ -63,16 +64,14 @@ def matrix_shapes(
 
 
 @functools.cache
-def settings_of(algorithm: Algorithm | None = None, *, conventions: bool = True) -> st.SearchStrategy[Settings]:
+def settings_of(algorithm: Algorithm, *, conventions: bool = True) -> st.SearchStrategy[Settings]:
     """The hyperparameters (and, with ``conventions``, the convention settings) a reference
-    declares in its ``SPACE`` and ``CONVENTIONS`` (``harness.algorithms``; ``None``: ``reference.Muon``).
+    declares in its ``SPACE`` and ``CONVENTIONS`` (``harness.algorithms``).
 
     Shrinks towards the defaults (each setting's first value). One strategy per reference,
     built once: strategies drawn inside a composite's draw may call this on every draw, and
     a new strategy is validated again each time."""
-    from harness.algorithms import MUON
 
-    algorithm = algorithm or MUON
     fields = {name: _values(name, values) for name, values in algorithm.space.items()}
     if conventions:
         fields.update({name: _values(name, values) for name, values in algorithm.conventions.items()})
@@ -92,16 +91,8 @@ def _values(name: str, values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
     return st.one_of(plain, *ranges) if ranges else plain
 
 
-def muon_settings(*, conventions: bool = True) -> st.SearchStrategy[Settings]:
-    """``reference.Muon``'s hyperparameters and (with ``conventions``) its convention settings."""
-    return settings_of(None, conventions=conventions)
-
-
-_GRAD_KINDS: st.SearchStrategy[GradKind] = st.sampled_from(["normal", "normal", "zero", "none", "every_other"])
-#: for an algorithm whose state counts steps per parameter (any but Muon, whose draws predate it)
-_COUNTED_GRAD_KINDS: st.SearchStrategy[GradKind] = st.sampled_from(
-    ["normal", "normal", "zero", "none", "every_other", "late"]
-)
+#: a parameter's gradients over the steps (``harness.cases.case.GradKind``), for every family alike
+_GRAD_KINDS: st.SearchStrategy[GradKind] = st.sampled_from(["normal", "normal", "zero", "none", "every_other", "late"])
 _GRAD_SCALES = st.sampled_from([1.0, 1e-3, 1e3, 1e-8])
 _MODES: st.SearchStrategy[Mode] = st.sampled_from(["all_ranks", "owner_split"])
 _SEEDS = st.integers(0, 2**31 - 1)
@@ -118,25 +109,22 @@ def cases(
     experts: bool = True,
     hsdp: bool = False,
     checkpoint: bool = False,
-    algorithm: Algorithm | None = None,
+    algorithm: Algorithm,
     thresholds: tuple[int, ...] = (),
 ) -> st.SearchStrategy[Case]:
-    """Whole optimizer cases for ``algorithm`` (``None``: ``reference.Muon``): its settings, and
+    """Whole optimizer cases for ``algorithm`` (a family, ``harness.algorithms``): its settings, and
     parameters of the kinds it takes (``PARAM_NDIMS``; a hybrid one's AdamW groups, with
     ``adamw``, take vectors and matrices). Shrinks towards one rank, one small square fp32
     matrix (a vector for an algorithm that takes no matrix), one step. ``thresholds`` (a
     candidate's ``Candidate.thresholds``) adds tensors on both sides of each (``threshold_shapes``)."""
-    from harness.algorithms import MUON
 
     for name, value in (("max_world", max_world), ("max_params", max_params), ("max_steps", max_steps)):
         if value < 1:
             raise ValueError(f"{name}={value} must be at least 1")
-    algorithm = algorithm or MUON
     worlds = st.integers(1, max_world)
     steps_drawn = st.integers(1, max_steps)
     dtype_drawn = st.sampled_from(dtypes)
     settings_drawn = settings_of(algorithm)
-    grad_kinds = _GRAD_KINDS if algorithm is MUON else _COUNTED_GRAD_KINDS
     if algorithm.hybrid:
         main_shapes = {
             w: matrix_shapes(max_side=max_side, world_size=w, experts=experts) for w in range(1, max_world + 1)
@@ -161,7 +149,7 @@ def cases(
             shape=draw(main_shapes[shards] if use_muon else other_shapes[shards]),
             dtype=draw(dtype_drawn),
             use_muon=use_muon,
-            grad="normal" if first else draw(grad_kinds),
+            grad="normal" if first else draw(_GRAD_KINDS),
             grad_scale=draw(_GRAD_SCALES),
         )
 
@@ -241,9 +229,10 @@ def norm_tie_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 
     gradient and the tie reaches Newton–Schulz), and bf16 Newton–Schulz. A last-bit
     difference in a float32 norm then decides the bf16 norm in about a third of these
     cases, where on random gradients it almost never does."""
-    return cases(max_world=max_world, max_params=max_params, max_steps=max_steps, adamw=False, experts=False).map(
-        _on_norm_ties
+    drawn = cases(
+        max_world=max_world, max_params=max_params, max_steps=max_steps, adamw=False, experts=False, algorithm=MUON
     )
+    return drawn.map(_on_norm_ties)
 
 
 def _on_norm_ties(case: Case) -> Case:
@@ -293,7 +282,7 @@ def layout_cases(
     min_world: int = 2,
     max_params: int = 3,
     max_steps: int = 3,
-    algorithm: Algorithm | None = None,
+    algorithm: Algorithm,
     families: Collection[Layout] | None = None,
 ) -> st.SearchStrategy[Case]:
     """Cases laid out as users lay out tensor parallelism: ``tp`` ranks of ``parallelize_module``
@@ -305,12 +294,10 @@ def layout_cases(
     and over ``efsdp`` by rows); with eight, HSDP × TP on a 3-D mesh. Each family is drawn as
     often as the others, then a world size it runs on. Shrinks towards today's layout: pure
     TP on ``min_world`` ranks, colwise, which is ``(Shard(0),)`` on a 1-D mesh (on one rank:
-    FSDP2 alone). ``algorithm`` (``None``: ``reference.Muon``) gives the settings drawn;
+    FSDP2 alone). ``algorithm`` gives the settings drawn;
     ``families`` draws those layout families only (a negative control aimed at one)."""
-    from harness.algorithms import MUON
 
     _check_bounds("min_world", min_world, "max_world", max_world)
-    algorithm = algorithm or MUON
     settings_drawn = settings_of(algorithm)
 
     # the family first, then a world size it runs on: every family as often as the others
@@ -370,7 +357,7 @@ def every_layout(
     max_params: int,
     max_steps: int,
     hsdp: bool = False,
-    algorithm: Algorithm | None = None,
+    algorithm: Algorithm,
     families: Collection[Layout] | None = None,
 ) -> st.SearchStrategy[Case]:
     """FSDP2 on 1 to ``max_world`` ranks (``cases``; with ``hsdp``, HSDP too) and every family
@@ -393,7 +380,7 @@ def row_block_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int =
     unequal (then every Muon matrix has the same rows, as one group's split fits one row count),
     so that a block boundary falls on or inside a shard, a block is smaller than a shard or a
     shard smaller than a block. Shrinks towards two heads of one row each on one rank."""
-    bases = every_layout(max_world=max_world, max_params=max_params, max_steps=max_steps)
+    bases = every_layout(max_world=max_world, max_params=max_params, max_steps=max_steps, algorithm=MUON)
     heads_drawn, rows_drawn = st.integers(2, 4), st.integers(1, 8)
     splits_drawn = st.one_of(st.none(), st.lists(rows_drawn, min_size=2, max_size=4).map(tuple))
 
@@ -423,7 +410,7 @@ def clip_cases(
     max_world: int = 2,
     max_params: int = 3,
     max_steps: int = 2,
-    algorithm: Algorithm | None = None,
+    algorithm: Algorithm,
     families: Collection[Layout] | None = None,
 ) -> st.SearchStrategy[Case]:
     """Cases with gradient-norm clipping before every step (``Case.clip``): FSDP2 and HSDP on 1
@@ -435,9 +422,7 @@ def clip_cases(
     parameter held under a second name as well (tied) or none. Shrinks towards FSDP2 on one rank,
     one matrix, the 2-norm clipped to 1, nothing tied. ``families``: those of ``layout_cases``
     only (a negative control aimed at one)."""
-    from harness.algorithms import MUON
 
-    algorithm = algorithm or MUON
     bases = every_layout(
         max_world=max_world, max_params=max_params, max_steps=max_steps, hsdp=True, algorithm=algorithm,
         families=families,
@@ -466,7 +451,7 @@ def qk_clip_cases(*, max_world: int = 2, max_steps: int = 3) -> st.SearchStrateg
     every family ``layout_cases`` draws; a threshold that the batch's maxima (drawn in [0, 2)
     per rank and head) cross for some heads, for every head or for none; the query's share of
     the factor. Shrinks towards two heads of one row on one rank, tau 1, alpha 0.5."""
-    bases = every_layout(max_world=max_world, max_params=2, max_steps=max_steps, hsdp=True)
+    bases = every_layout(max_world=max_world, max_params=2, max_steps=max_steps, hsdp=True, algorithm=MUON)
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
@@ -481,13 +466,11 @@ def qk_clip_cases(*, max_world: int = 2, max_steps: int = 3) -> st.SearchStrateg
     return draw_case()
 
 
-def replay_cases(replay: Replay, *, max_steps: int = 3, algorithm: Algorithm | None = None) -> st.SearchStrategy[Case]:
+def replay_cases(replay: Replay, *, max_steps: int = 3, algorithm: Algorithm) -> st.SearchStrategy[Case]:
     """The cases of a replayed capture (``harness.replay``): one of its meshes, exactly as the
     replay laid it out, with the settings the file fixes; the values (the seed), the steps, the
     mode and every other setting drawn. Shrinks towards the first mesh, one step, the defaults."""
-    from harness.algorithms import MUON
 
-    algorithm = algorithm or MUON
     meshes, settings_drawn, steps_drawn = (
         st.sampled_from(replay.meshes),
         settings_of(algorithm),
@@ -510,7 +493,7 @@ def replay_cases(replay: Replay, *, max_steps: int = 3, algorithm: Algorithm | N
 
 
 def reshard_cases(
-    *, max_world: int = 2, max_params: int = 2, max_steps: int = 4, algorithm: Algorithm | None = None
+    *, max_world: int = 2, max_params: int = 2, max_steps: int = 4, algorithm: Algorithm
 ) -> st.SearchStrategy[ReshardCase]:
     """A checkpoint saved on one layout and world size and loaded on another: each side drawn
     from FSDP2 on 1 to ``max_world`` ranks, pure TP, and (with four ranks) HSDP and FSDP2 × TP.

@@ -94,8 +94,9 @@ class GateConfig:
 
     #: ranks in the pool (``--nproc``, or torchrun's world size)
     nproc: int = 2
-    #: the reference the session's candidate is judged against (``harness.algorithms.Algorithm``;
-    #: ``None``: ``reference.Muon``)
+    #: the family the session's candidate is judged against (``harness.algorithms.Algorithm``:
+    #: ``--reference``, the one ``--impl`` declares, or ``harness.algorithms.DEFAULT_REFERENCE``),
+    #: resolved at the end of collection, before any test runs (``None`` only until then)
     algorithm: Any = field(default=None)
     #: the sizes at which the candidate changes behaviour (``Candidate.thresholds``): drawn on both sides
     thresholds: tuple[int, ...] = ()

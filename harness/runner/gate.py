@@ -62,7 +62,8 @@ class GateRunner:
     against: str = "reference"
     #: the session's options a reproduce command repeats (the plug-in fills it in)
     rerun: Rerun = field(default_factory=Rerun)
-    #: the reference the session judges against (``harness.algorithms.Algorithm``; ``None``: ``reference.Muon``)
+    #: the family the session judges against (``harness.algorithms.Algorithm``; ``None``: a runner
+    #: made outside a session, whose policy then skips no claim for its family)
     algorithm: Any = None
     #: the running test (node id) and its file; whose code it judges (``begin``)
     nodeid: str = ""

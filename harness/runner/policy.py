@@ -26,7 +26,7 @@ class SkipPolicy:
     impl: Impl | None
     against: str
     device: str
-    #: the session's reference (``harness.algorithms.Algorithm``; ``None``: ``reference.Muon``)
+    #: the session's family (``harness.algorithms.Algorithm``; ``None``: a runner made outside a session)
     algorithm: Any = None
 
     def runnable(self, gate: str, task: str = "optimizer") -> None:
