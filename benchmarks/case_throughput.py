@@ -19,6 +19,7 @@ from collections import defaultdict
 
 from hypothesis import HealthCheck, given, settings
 
+import reference
 from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases
 from harness.ranks import RankPool
@@ -39,7 +40,7 @@ def main() -> None:
     rank0: dict[str, float] = defaultdict(float)
     failures = 0
     with RankPool(args.nproc) as pool:
-        pool.run(run_optimizer_case, Case(params=(ParamSpec("w", (4, 4)),)))
+        pool.run(run_optimizer_case, Case(params=(ParamSpec("w", (4, 4)),), reference=reference.Muon))
 
         @settings(
             max_examples=args.cases,

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import reference
 from gates.examples.gram_partial_muon import gram_partial_local_gram_muon, gram_partial_muon
 from gates.negative_controls import LAYOUT_CONTROLS
 from harness.algorithms import MUON
@@ -75,7 +76,7 @@ def _rowwise_cases(draw: st.DrawFn, candidate: Any) -> Case:
                 "eps_form": "add", "adjust_lr_fn": "original"}  # fmt: skip
     return Case(
         params=tuple(params), seed=draw(st.integers(0, 2**16)), world_size=world, mesh=(world,), mode=None,
-        settings=tuple(settings.items()), candidate=candidate, tp=world,
+        settings=tuple(settings.items()), candidate=candidate, tp=world, reference=reference.Muon,
     )  # fmt: skip
 
 

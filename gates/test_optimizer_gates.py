@@ -25,6 +25,7 @@ import pytest
 from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
+import reference
 from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases, norm_tie_cases, session_cases
 from harness.cases.case import DType
@@ -102,7 +103,9 @@ def test_norms_on_bf16_rounding_ties_match_reference_bitwise(gate_runner: Any, c
 
 
 def _edge(label: str, *params: ParamSpec, world: int = 2, mesh: tuple[int, ...] | None = None, **kw: Any) -> Any:
-    case = Case(params=params, world_size=world, mesh=mesh or (world,), seed=11, label=label, **kw)
+    case = Case(
+        params=params, world_size=world, mesh=mesh or (world,), seed=11, label=label, **kw, reference=reference.Muon
+    )
     return pytest.param(case, id=label)
 
 
@@ -208,7 +211,7 @@ def test_step_after_a_real_fsdp2_backward_matches_reference_bitwise(
     # micro-batches; the reference is fed those gradients, gathered.
     algorithm = gate_config().algorithm
     case = backward_model_case(seed, dims, world, 2, mode)
-    if algorithm.in_case is not None:
+    if algorithm.factory is not MUON.factory:  # the case's mode and settings are Muon's
         case = replace(case, reference=algorithm.in_case, mode=None, settings=())
     gate_runner.check("real_backward", case, task="backward")
 
@@ -235,6 +238,7 @@ def test_sharded_update_is_orthogonal_against_float64_polar_factor(
         mesh=(world,),
         seed=1,
         settings=(("lr", 1.0), ("momentum", 0.0), ("nesterov", False), ("ns_dtype", ns_dtype)),
+        reference=reference.Muon,
     )
     ran = gate_runner.measured("oracle_spectrum", case, task="spectrum")
     sv = ran.figures["singular_values"]
@@ -270,7 +274,7 @@ def _cause_cases(draw: st.DrawFn, impl: Any, device: str) -> Case:
         assume(False)
     return Case(
         params=(ParamSpec("w", shape, dtype),), seed=draw(st.integers(0, 2**16)), world_size=world, mesh=(world,),
-        steps=STEPS, mode=None, settings=tuple(settings.items()), tier=tiers,
+        steps=STEPS, mode=None, settings=tuple(settings.items()), tier=tiers, reference=reference.Muon,
     )  # fmt: skip
 
 

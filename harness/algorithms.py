@@ -107,11 +107,8 @@ class Algorithm:
 
     @property
     def in_case(self) -> Any:
-        """What a ``Case`` carries as its ``reference``: ``None`` for ``reference.Muon``, ``"none"`` for
-        no reference, else the class."""
-        if self.factory is None:
-            return NONE
-        return None if self.factory is MUON.factory else self.factory
+        """What a ``Case`` carries as its ``reference``: the class, or ``"none"`` for no reference."""
+        return NONE if self.factory is None else self.factory
 
     @classmethod
     def of(cls, factory: Any, spec: str = "") -> Algorithm:
@@ -178,11 +175,13 @@ class Algorithm:
 
 
 def reference_of(case: Any) -> Algorithm:
-    """The algorithm a case is judged against (its ``reference``; ``None`` is ``reference.Muon``)."""
-    factory = getattr(case, "reference", None)
+    """The algorithm a case or a training spec is judged against (its ``reference``: a class, or ``NONE``)."""
+    factory = case.reference
     if factory is None:
-        return MUON
-    return NO_REFERENCE if factory == NONE else _declared(factory)
+        raise ValueError(f"{type(case).__name__} names no reference: set its reference to a family's class")
+    if factory == NONE:
+        return NO_REFERENCE
+    return MUON if factory is MUON.factory else _declared(factory)
 
 
 @cache

@@ -45,7 +45,7 @@ def _handed(call: Any) -> dict[str, Any]:
 
 
 def test_candidate_keywords_are_every_reference_default_under_the_cases_settings() -> None:
-    case = Case((ParamSpec("w0", (4, 4)),), settings=(("lr", 0.05), ("ns_dtype", "float32")))
+    case = Case((ParamSpec("w0", (4, 4)),), settings=(("lr", 0.05), ("ns_dtype", "float32")), reference=reference.Muon)
     keywords = candidate_keywords(case)
     assert set(keywords) == MUON_KEYWORDS
     assert keywords["lr"] == 0.05 and keywords["ns_dtype"] is torch.float32
@@ -74,7 +74,9 @@ def test_optimizer_tasks_hand_a_candidate_the_same_keywords_as_the_training_task
     inside a candidate's step included) build their candidate through ``candidate_side``; it adds
     only what ``ShardedMuon``'s contract adds (``mode``). The kernel task calls a kernel, not a
     factory, and an engine's factory has a contract of its own (``harness.engines``)."""
-    case = Case((ParamSpec("w0", (4, 4)),), settings=(("weight_decay", 0.1),), candidate=_recorder)
+    case = Case(
+        (ParamSpec("w0", (4, 4)),), settings=(("weight_decay", 0.1),), candidate=_recorder, reference=reference.Muon
+    )
     tensors = [torch.zeros(4, 4)]
     keywords = _handed(lambda: candidate_side(case, build_model(case, tensors, None)))
     assert keywords == {**candidate_keywords(case), "mode": "all_ranks"}

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.gate
 
 def two(shape, candidate, dtype="float32", steps=1):
     params = (ParamSpec("w", shape, dtype), ParamSpec("v", (6, 4), dtype))
-    return Case(params=params, world_size=2, mesh=(2,), steps=steps, candidate=candidate)
+    return Case(params=params, world_size=2, mesh=(2,), steps=steps, candidate=candidate, reference=reference.Muon)
 
 
 def test_bf16_state(gate_runner):

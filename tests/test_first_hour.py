@@ -33,12 +33,13 @@ def sharded_muon(param_groups, **settings):
 
 TINY_GATE = """
 import pytest
+import reference
 from harness.cases import Case, ParamSpec
 
 @pytest.mark.gate
 @pytest.mark.mine
 def test_one_case(gate_runner):
-    gate_runner.check("tiny", Case(params=(ParamSpec("w", (4, 4)),), world_size=2, mesh=(2,)))
+    gate_runner.check("tiny", Case(params=(ParamSpec("w", (4, 4)),), world_size=2, mesh=(2,), reference=reference.Muon))
 """
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from support import REPO, repo_env, run_python
 
+import reference
 from distributed_impl import ShardedMuon
 
 UNEXPRESSIBLE = """
@@ -190,7 +191,7 @@ def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_
 
     settings = (("lr", 0.02), ("ns_dtype", "float32"), ("weight_decay", 0.1))
     params = (ParamSpec("w", (8, 8)), ParamSpec("a", (8, 8), use_muon=False), ParamSpec("h", (8, 8), "bfloat16"))
-    case = Case(params=params, settings=settings)
+    case = Case(params=params, settings=settings, reference=reference.Muon)
     causes = frozenset({"plain_quintic"})
     tier = (
         MARGIN
@@ -224,16 +225,18 @@ def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_
     assert "a model's backward" in backward
     assert beyond_causes(frozenset(), case, pieces("w", 1.0), "cpu") == []
     # a stack of experts' matrices at its matrices' tier (dtensor-muon's flattened stacks: 2026-12-05)
-    stacked = Case(params=(ParamSpec("experts", (2, 8, 8)),), settings=settings)
+    stacked = Case(params=(ParamSpec("experts", (2, 8, 8)),), settings=settings, reference=reference.Muon)
     (line,) = beyond_causes(causes, stacked, pieces("experts", 20 * BEYOND * tier), "cpu")
     assert line.startswith("experts.update step 0: ") and "square)" in line
     assert beyond_causes(causes, stacked, pieces("experts", tier / 2), "cpu") == []
     # a model's dotted names are read whole: "0.weight", and its state "0.weight.momentum_buffer"
-    dotted = Case(params=(ParamSpec("0.weight", (8, 8)),), settings=settings)
+    dotted = Case(params=(ParamSpec("0.weight", (8, 8)),), settings=settings, reference=reference.Muon)
     (line,) = beyond_causes(causes, dotted, pieces("0.weight.momentum_buffer", 20 * BEYOND * tier), "cpu")
     assert line.startswith("0.weight.momentum_buffer step 0: ")
     # a float32 weight whose causes alone move it as far as its whole change
-    wide = Case(params=(ParamSpec("w", (8, 8)),), settings=(("lr", 0.001), ("ns_dtype", "bfloat16")))
+    wide = Case(
+        params=(ParamSpec("w", (8, 8)),), settings=(("lr", 0.001), ("ns_dtype", "bfloat16")), reference=reference.Muon
+    )
     monkeypatch.setattr(harness.causes, "correct_reach", lambda *a: {("update", 0): 0.5, ("momentum_buffer", 0): 0.0})
     (unsure,) = judge_causes(causes, wide, pieces("w", 0.9), "cpu").unjudged
     assert unsure.startswith("w.update step 0: 0.9 of its change") and "could not tell a missing update" in unsure
@@ -388,7 +391,7 @@ def test_declared_devices_and_the_default_group_shape_what_a_candidate_runs() ->
     ddp = _module_level("ddp_style", "ddp", devices={"cuda"}, default_group=True)
     impl = Impl.load(ddp)
     assert impl.missing({"cpu"}) == ["cpu"] and impl.missing({"cuda"}) == []
-    widened = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),)), pool_world=2)
+    widened = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), reference=reference.Muon), pool_world=2)
     assert widened.world_size == 2 and widened.mesh == (2,)
     assert any("world 1 → 2 (default_group" in note for note in widened.narrowed)
 
@@ -398,10 +401,12 @@ def test_a_candidate_that_refuses_zero_iterations_gets_its_fewest_and_the_case_s
     from harness.cases.case import Case, ParamSpec
 
     impl = Impl.load(_module_level("at_least_one", "muon", min_ns_steps=1))
-    raised = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 0),)))
+    raised = impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 0),), reference=reference.Muon))
     assert dict(raised.settings)["ns_steps"] == 1
     assert "ns_steps 0 → 1 (min_ns_steps)" in raised.narrowed
-    assert not impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 3),))).narrowed
+    assert not impl.adapt(
+        Case(params=(ParamSpec("w", (4, 4)),), settings=(("ns_steps", 3),), reference=reference.Muon)
+    ).narrowed
     with pytest.raises(ValueError, match=r"Candidate min_ns_steps=-1: a whole number ≥ 0"):
         Impl.load(_module_level("below_zero", "muon", min_ns_steps=-1))
 
@@ -417,6 +422,7 @@ def test_a_probe_of_one_undeclared_feature_narrows_the_others_so_that_it_cannot_
         params=(ParamSpec("w", (4, 4), "bfloat16"), ParamSpec("b", (4,), use_muon=False)),
         steps=2,
         checkpoint_after=1,
+        reference=reference.Muon,
     )
     assert not probing.adapt(case).narrowed
     checkpoint = probing.probing_only({"checkpoint"})
@@ -443,6 +449,7 @@ def test_a_candidate_that_needs_every_gradient_gets_one_on_every_step_and_the_pr
         params=(ParamSpec("w", (4, 4)), ParamSpec("idle", (4, 4), grad="none"), ParamSpec("u", (4, 4), grad="late")),
         steps=2,
         checkpoint_after=1,
+        reference=reference.Muon,
     )
     ran = impl.adapt(case)
     assert [p.grad for p in ran.params] == ["normal"] * 3

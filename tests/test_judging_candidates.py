@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from support import run_pytest
 
+import reference
 from harness.candidates import Impl, UnsupportedConvention
 from harness.cases import Case, Clip, ParamSpec, QKClip
 from reference import AdamW
@@ -120,7 +121,7 @@ def test_a_convention_value_the_reference_cannot_take_is_refused_by_name(
     monkeypatch.syspath_prepend(str(tmp_path))
     impl = Impl.load("half_muon:half_muon")
     with pytest.raises(UnsupportedConvention, match=r"ns_dtype.*must be torch\.bfloat16 or torch\.float32"):
-        impl.adapt(Case(params=(ParamSpec("w", (4, 4)),)))
+        impl.adapt(Case(params=(ParamSpec("w", (4, 4)),), reference=reference.Muon))
 
 
 @pytest.mark.slow
@@ -173,7 +174,7 @@ def test_one_gate_reports_two_shrunk_findings_and_its_reproduce_command_fails_th
 
 
 def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None:
-    base = Case(params=(ParamSpec("w", (4, 4)),))
+    base = Case(params=(ParamSpec("w", (4, 4)),), reference=reference.Muon)
     changed: dict[str, Any] = {
         "seed": 3, "world_size": 2, "mesh": (2, 1), "steps": 2, "mode": "owner_split",
         "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True, "tp": 2, "ep": 2,
@@ -200,7 +201,7 @@ def test_a_planted_control_is_caught_by_a_difference_never_by_its_own_crash() ->
     from harness.runner.ran import Ran, differed
     from reports.records import Comparison
 
-    case = Case((ParamSpec("w0", (2, 2)),), world_size=2, mesh=(2,))
+    case = Case((ParamSpec("w0", (2, 2)),), world_size=2, mesh=(2,), reference=reference.Muon)
     ok, bad = Comparison("w0", (2, 2)), Comparison("w0", (2, 2), bitwise=False, passed=False, max_abs_diff=0.5)
     crash = RankFailure("error", 1, "RuntimeError: in-place on a view")
     assert differed(Ran(case, CaseOutcome([None, None], None, 1.0), (ok, bad))) is not None

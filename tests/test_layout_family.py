@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import reference
 from harness import layouts
 from harness.cases import Case, ParamSpec
 from harness.layouts import DRAWN, LAYOUTS, Layout
@@ -29,11 +30,11 @@ def test_a_case_drawn_on_a_family_is_placed_back_in_it(world: int) -> None:
             continue
         tp, ep = layout.degrees(world)
         assert len(mesh) == len(layout.dims), layout
-        case = Case((ParamSpec("w0", (4, 4)),), world_size=world, mesh=mesh, tp=tp, ep=ep)
+        case = Case((ParamSpec("w0", (4, 4)),), world_size=world, mesh=mesh, tp=tp, ep=ep, reference=reference.Muon)
         assert case.layout is layout
 
 
 def test_a_case_is_own_only_where_the_adaptation_says_so() -> None:
-    case = Case((ParamSpec("w0", (2, 4, 4)),), world_size=2, mesh=(2,))
+    case = Case((ParamSpec("w0", (2, 4, 4)),), world_size=2, mesh=(2,), reference=reference.Muon)
     assert case.layout is layouts.EXPERTS
-    assert Case(case.params, world_size=2, mesh=(2,), own=True).layout is layouts.OWN
+    assert Case(case.params, world_size=2, mesh=(2,), own=True, reference=reference.Muon).layout is layouts.OWN

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from support import REPO, run_pytest, run_python
 
+import reference
 from harness.candidates import Impl
 from harness.cases import Case, ParamSpec
 from harness.ranks import RankPool
@@ -26,6 +27,7 @@ def _case(world: int, mesh: tuple[int, ...], tp: int) -> Case:
         world_size=world,
         mesh=mesh,
         tp=tp,
+        reference=reference.Muon,
     )
 
 
@@ -67,7 +69,12 @@ def test_hsdp_over_tp_on_a_3d_mesh_gets_the_placements_fully_shard_gives() -> No
 )  # fmt: skip
 def test_owner_split_orthogonalizes_each_matrix_once_on_the_whole_mesh(params, world, mesh, tp, ep) -> None:
     case = Case(
-        params=tuple(p._replace(name=f"w{i}") for i, p in enumerate(params)), world_size=world, mesh=mesh, tp=tp, ep=ep
+        params=tuple(p._replace(name=f"w{i}") for i, p in enumerate(params)),
+        world_size=world,
+        mesh=mesh,
+        tp=tp,
+        ep=ep,
+        reference=reference.Muon,
     )
     with RankPool(world) as pool:
         outcome = pool.run(selftest_tasks.owner_split_work, case, world_size=world)

@@ -128,11 +128,12 @@ def test_a_factory_the_ranks_cannot_receive_is_refused_at_once(suite: pytest.Pyt
 
 JUNIT_GATE = """
 import pytest
+import reference
 from harness.cases import Case, ParamSpec
 
 @pytest.mark.gate
 def test_one_case(gate_runner):
-    gate_runner.check("tiny", Case(params=(ParamSpec("w", (4, 4)),), world_size=2, mesh=(2,)))
+    gate_runner.check("tiny", Case(params=(ParamSpec("w", (4, 4)),), world_size=2, mesh=(2,), reference=reference.Muon))
 """
 
 

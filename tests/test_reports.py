@@ -331,12 +331,13 @@ def test_killed_run_keeps_every_finished_record(tmp_path: Path) -> None:
 
 PLANTED = """
 import pytest
+import reference
 from gates.negative_controls import LocalRowsMuon
 from harness.cases import Case, ParamSpec
 
 @pytest.mark.gate
 def test_planted_bug_is_caught(gate_runner):
-    case = Case(params=(ParamSpec("w", (6, 4)),), world_size=2, mesh=(2,), mode=None, candidate=LocalRowsMuon)
+    case = Case(params=(ParamSpec("w", (6, 4)),), world_size=2, mesh=(2,), mode=None, candidate=LocalRowsMuon, reference=reference.Muon)
     gate_runner.check("planted", case)
 """
 

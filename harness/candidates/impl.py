@@ -12,7 +12,7 @@ declaration read for a session, and narrows each case to it (``adapt``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from harness.algorithms import MUON, Algorithm, reference_of
@@ -226,8 +226,10 @@ class Impl:
         scenarios, ``--model``'s models). A transformer trains with the candidate's reference, on
         that reference's defaults and the candidate's conventions."""
         self._check_expressible()
-        other = self.algorithm.in_case
-        if other is not None and not (self.algorithm.factory is not None and hasattr(spec, "reference")):
+        muon = self.algorithm.factory is MUON.factory
+        # a spec whose reference is a field of its own trains with any family; the others with Muon alone
+        any_family = "reference" in {f.name for f in fields(spec)}
+        if not muon and not (self.algorithm.factory is not None and any_family):
             raise UnsupportedConvention(
                 f"{self.spec} implements {self.algorithm.title}; this model trains with reference.Muon only"
             )
@@ -240,8 +242,8 @@ class Impl:
             missing |= {"experts"} - self.features
         if missing:
             raise UnsupportedConvention(f"{self.spec} does not declare {sorted(missing)}, which this model needs")
-        if other is not None:
-            return replace(spec, candidate=self.factory, reference=other, settings=self.conventions)
+        if not muon:
+            return replace(spec, candidate=self.factory, reference=self.algorithm.in_case, settings=self.conventions)
         settings = {**dict(spec.settings), **dict(self.conventions)}
         return replace(spec, candidate=self.factory, settings=tuple(settings.items()))
 

@@ -54,15 +54,15 @@ def optimizer_settings(settings: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _defaults(reference: Any = None) -> dict[str, Any]:
+def _defaults(reference: Any) -> dict[str, Any]:
     from harness.algorithms import reference_of
 
     return {k: stored_setting(k, v) for k, v in reference_of(Case((), reference=reference)).defaults.items()}
 
 
-def brief_settings(settings: Iterable[tuple[str, Any]], reference: Any = None) -> list[str]:
-    """``key=value`` for each setting that differs from the default of ``reference`` (a reference
-    class; ``None``: ``reference.Muon``)."""
+def brief_settings(settings: Iterable[tuple[str, Any]], reference: Any) -> list[str]:
+    """``key=value`` for each setting that differs from the default of ``reference`` (a
+    reference class, as ``Case.reference``)."""
     defaults = _defaults(reference)
     return [
         f"{k}={stored_setting(k, v)!r}".replace("'", "") for k, v in settings if defaults.get(k) != stored_setting(k, v)
@@ -155,8 +155,9 @@ class Case:
     narrowed: tuple[str, ...] = field(default=(), compare=False)
     #: the tier the update task judges in (``None``: ``harness.compare.GRAM_PARTIAL``)
     tier: Any = field(default=None, compare=False)
-    #: the reference class it is judged against (``None``: ``reference.Muon``; see ``harness.algorithms``)
-    reference: Any = None
+    #: the reference class it is judged against (``reference.Muon``, ``reference.AdamW``…, or
+    #: ``harness.algorithms.NONE``), always named: no value stands for a family
+    reference: Any = field(kw_only=True)
     #: gradient-norm clipping before every step (``None``: none)
     clip: Clip | None = None
     #: QK-clip after every step (``None``: none)
@@ -188,9 +189,9 @@ class Case:
         if self.mode not in (None, "all_ranks"):
             parts.append(str(self.mode))
         parts += brief_settings(self.settings, self.reference)
-        if self.reference is not None:
-            from harness.algorithms import reference_of
+        from harness.algorithms import DEFAULT_REFERENCE, reference_of
 
+        if reference_of(self).spec != DEFAULT_REFERENCE:  # the session default's family is not repeated
             parts.append(f"reference {reference_of(self).name}")
         if self.clip is not None:
             parts.append(self.clip.describe())
@@ -273,6 +274,13 @@ class KernelCase:
     def world_size(self) -> int:
         """A kernel runs on one rank: it sees whole matrices."""
         return 1
+
+    @property
+    def reference(self) -> Any:
+        """A Newton–Schulz kernel is judged against Muon's ``reference.orthogonalize``."""
+        import reference
+
+        return reference.Muon
 
     def describe(self) -> str:
         parts = [f"{self.input} {list(self.shape)} {self.dtype}", f"kernel {self.kernel.spec}"]

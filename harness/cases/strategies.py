@@ -305,7 +305,7 @@ def layout_cases(
     for w in range(min_world, max_world + 1):
         options = _layouts(w)
         for tp, ep, mesh in options[1:] or options:  # FSDP2 alone only on one rank
-            family = Case(params=(), world_size=w, mesh=mesh, tp=tp, ep=ep).layout
+            family = Case(params=(), world_size=w, mesh=mesh, tp=tp, ep=ep, reference=algorithm.in_case).layout
             drawn_families.setdefault(family, []).append((w, tp, ep, mesh))
     if families is not None:
         drawn_families = {f: w for f, w in drawn_families.items() if f in families}

@@ -60,6 +60,13 @@ class MoECase:
     candidate: Any = None
     settings: tuple[tuple[str, Any], ...] = field(default=(("lr", 0.02), ("weight_decay", 0.01)))
 
+    @property
+    def reference(self) -> Any:
+        """The family it trains against: Muon, whose settings it carries, alone."""
+        import reference
+
+        return reference.Muon
+
     def with_variant(self, variant: Variant) -> MoECase:
         return replace(self, variant=variant)
 

@@ -62,6 +62,13 @@ class ModelCase:
     wrapping: str = "each block, then the whole model"
     variant: str = "as written"
 
+    @property
+    def reference(self) -> Any:
+        """The family it trains against: Muon, whose settings it carries, alone."""
+        import reference
+
+        return reference.Muon
+
     @classmethod
     def load(cls, spec: str) -> ModelCase:
         """Imports ``MODULE:FACTORY`` and reads its declarations; errors name what is wrong."""

@@ -31,6 +31,12 @@ from harness.models.moe import MoE
 Mlp = Literal["dense", "moe"]
 
 
+def _muon() -> Any:
+    import reference
+
+    return reference.Muon
+
+
 @dataclass(frozen=True)
 class TransformerCase:
     """What to train and how: model shape, MLP kind, QKV layout, ranks, steps, settings."""
@@ -52,8 +58,9 @@ class TransformerCase:
         default=(("lr", 0.02), ("weight_decay", 0.01), ("adamw_lr", 3e-3), ("adamw_weight_decay", 0.01))
     )
     adamw_modules: tuple[str, ...] = ("embed", "head")
-    #: the reference class it trains against (``None``: ``reference.Muon``; ``harness.algorithms``)
-    reference: Any = None
+    #: the reference class it trains against (``harness.algorithms``): Muon, whose settings the
+    #: defaults above are, unless a candidate of another family replaces both
+    reference: Any = field(default_factory=_muon)
 
     def describe(self) -> str:
         qkv = "fused QKV [3d, d]" if self.fused_qkv else "separate Q, K, V [d, d]"

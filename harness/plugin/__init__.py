@@ -596,7 +596,7 @@ def _algorithm(config: pytest.Config) -> Any:
         raise pytest.UsageError(
             f"--reference {spec} with --impl {impl.spec}, which declares reference {declared.spec}: drop --reference"
         )
-    if impl is None and algorithm.in_case is not None:
+    if impl is None and algorithm.factory is not MUON.factory:
         shipped = FAMILIES.get(algorithm.spec)
         raise pytest.UsageError(
             f"--reference {spec}: muongate's built-in candidate (distributed_impl:ShardedMuon) is a Muon; name a "

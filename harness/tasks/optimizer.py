@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+import reference
 from harness.cases.case import Case, ParamSpec
 from harness.cases.tensors import generator, gradient, initial_param
 from harness.ranks import RankContext
@@ -148,6 +149,7 @@ def backward_model_case(seed: int, dims: tuple[int, int, int], world_size: int, 
         steps=steps,
         mode=mode,  # type: ignore[arg-type]
         settings=(("weight_decay", 0.01),),
+        reference=reference.Muon,
     )
 
 

@@ -68,6 +68,11 @@ class TrainingSpec(Protocol):
     @property
     def settings(self) -> tuple[tuple[str, Any], ...]: ...
 
+    @property
+    def reference(self) -> Any:
+        """The reference class it trains against (``harness.algorithms.reference_of``)."""
+        ...
+
     def build(self) -> nn.Module: ...
 
     def shard(self, model: nn.Module, mesh: Any) -> None: ...
@@ -212,6 +217,10 @@ class TwinsCase:
     @property
     def candidate(self) -> Any:
         return self.spec.candidate
+
+    @property
+    def reference(self) -> Any:
+        return self.spec.reference
 
     def describe(self) -> str:
         layout = f" · FSDP2 × TP (2×{self.tp})" if self.tp > 1 else ""
