@@ -34,6 +34,7 @@ from examples.aborting_muon import aborting_muon
 from examples.bf16_state_muon import bf16_state_muon
 from examples.deadlock_muon import deadlock_muon
 from examples.slow_muon import slow_muon
+import reference
 from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases
 from raising import raising
