@@ -176,12 +176,25 @@ class Algorithm:
 
 def reference_of(case: Any) -> Algorithm:
     """The algorithm a case or a training spec is judged against (its ``reference``: a class, or ``NONE``)."""
-    factory = case.reference
-    if factory is None:
+    if case.reference is None:
         raise ValueError(f"{type(case).__name__} names no reference: set its reference to a family's class")
+    return family_of(case.reference)
+
+
+def family_of(factory: Any) -> Algorithm:
+    """The algorithm of a reference class (``NONE``: no reference)."""
     if factory == NONE:
         return NO_REFERENCE
     return MUON if factory is MUON.factory else _declared(factory)
+
+
+def built_in(algorithm: Algorithm) -> str:
+    """``MODULE:FACTORY`` of the candidate muongate ships for ``algorithm`` (``FAMILIES``): what a
+    case that names no candidate runs; a family without one is a ``ValueError`` naming it."""
+    shipped = FAMILIES.get(algorithm.spec)
+    if shipped is None:
+        raise ValueError(f"muongate ships no candidate of {algorithm.title}: name one (--impl MODULE:FACTORY)")
+    return shipped
 
 
 @cache

@@ -29,13 +29,14 @@ Mode = Literal["all_ranks", "owner_split"]
 Style = Literal["colwise", "rowwise", "replicate"]
 KernelInput = Literal["gaussian", "spectrum", "zero", "rank_deficient", "huge", "tiny", "nan", "inf"]
 
-BUILT_IN = "distributed_impl:ShardedMuon"
 
-
-def candidate_name(candidate: Any) -> str:
-    """``module:name`` of a candidate factory (``None``: the built-in one)."""
+def candidate_name(candidate: Any, reference: Any) -> str:
+    """``module:name`` of a candidate factory; ``None``: the one muongate ships for the family of
+    ``reference`` (a reference class, as ``Case.reference``; ``harness.algorithms.built_in``)."""
     if candidate is None:
-        return BUILT_IN
+        from harness.algorithms import built_in, family_of
+
+        return built_in(family_of(reference))
     return f"{candidate.__module__}:{getattr(candidate, '__qualname__', type(candidate).__qualname__)}"
 
 
@@ -200,7 +201,7 @@ class Case:
         if self.checkpoint_after is not None:
             parts.append(f"checkpoint after step {self.checkpoint_after}")
         if self.candidate is not None:
-            parts.append(f"candidate {candidate_name(self.candidate)}")
+            parts.append(f"candidate {candidate_name(self.candidate, self.reference)}")
         if self.kernel:
             parts.append(f"kernel {self.kernel}")
         if self.self_reference:

@@ -111,7 +111,7 @@ class ModelCase:
     def describe(self) -> str:
         return (
             f"ModelCase({self.spec}: world={self.world_size}, steps={self.steps}, batch {self.batch}x{self.seq} "
-            f"bytes per rank, seed={self.seed}, candidate={candidate_name(self.candidate)})"
+            f"bytes per rank, seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)})"
         )
 
     # -- harness.tasks.training.TrainingSpec --

@@ -67,7 +67,7 @@ class TransformerCase:
         return (
             f"TransformerCase({self.name}: {self.layers} layers, d={self.dim}, {self.heads} heads, {self.mlp} MLP, "
             f"{qkv}, world={self.world_size}, steps={self.steps}, batch {self.batch}x{self.seq} bytes per rank, "
-            f"seed={self.seed}, candidate={candidate_name(self.candidate)})"
+            f"seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)})"
         )
 
     # -- harness.tasks.training.TrainingSpec --

@@ -502,7 +502,7 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     )
     runner = GateRunner(
         pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun,
-        algorithm=config.stash.get(_ALGORITHM, None),
+        algorithm=config.stash[_ALGORITHM],
     )  # fmt: skip
     runner.start(
         make_header(

@@ -62,8 +62,8 @@ class GateRunner:
     against: str = "reference"
     #: the session's options a reproduce command repeats (the plug-in fills it in)
     rerun: Rerun = field(default_factory=Rerun)
-    #: the family the session judges against (``harness.algorithms.Algorithm``; ``None``: a runner
-    #: made outside a session, whose policy then skips no claim for its family)
+    #: the family the session judges against (``harness.algorithms.Algorithm``), which the plug-in
+    #: resolves before it makes the runner; a case that names no candidate runs the family's built-in
     algorithm: Any = None
     #: the running test (node id) and its file; whose code it judges (``begin``)
     nodeid: str = ""
@@ -337,7 +337,7 @@ class GateRunner:
         own = getattr(case, "candidate", None)
         if own is None or (self.impl is not None and own is self.impl.factory):
             return self.subject
-        return candidate_name(own).rpartition(":")[2]
+        return candidate_name(own, None).rpartition(":")[2]
 
     # -- reproducing -----------------------------------------------------------------------
     def reproduce_command(self) -> str:

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
+from harness.algorithms import built_in
 from harness.candidates import MISSING_GRADS, Impl
 from harness.candidates.declaration import declaration_of
-from harness.cases.case import candidate_name
+from harness.candidates.loading import load_object
 from harness.runner.adapt import SELF_JUDGED
-from harness.tasks.common import factory_of
 
 #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's own ``shard``)
 TASKS_OF_MODELS = ("backward", "training", "twins")
@@ -26,7 +26,7 @@ class SkipPolicy:
     impl: Impl | None
     against: str
     device: str
-    #: the session's family (``harness.algorithms.Algorithm``; ``None``: a runner made outside a session)
+    #: the session's family (``harness.algorithms.Algorithm``)
     algorithm: Any = None
 
     def runnable(self, gate: str, task: str = "optimizer") -> None:
@@ -47,9 +47,9 @@ class SkipPolicy:
     def declares(self, gate: str, field: str, what: str) -> None:
         """Skips unless the candidate (the built-in one without ``--impl``) declares ``field`` of
         its ``Candidate`` (a ``clip`` of its own): the claim is about ``what``."""
-        factory = self.impl.factory if self.impl is not None else factory_of(None)
+        spec = self.impl.spec if self.impl is not None else built_in(self.algorithm)
+        factory = self.impl.factory if self.impl is not None else load_object(spec)
         if getattr(declaration_of(factory), field) is None:
-            spec = self.impl.spec if self.impl is not None else candidate_name(None)
             pytest.skip(f"{gate}: {spec} declares no {what} of its own (Candidate.{field})")
 
     def require(self, gate: str, features: set[str], why: str) -> None:
@@ -70,7 +70,7 @@ class SkipPolicy:
     def algorithm_claim(self, gate: str, about: str) -> None:
         """Skips unless the session's reference declares the claim ``gate`` (``CLAIMS``): it is about ``about``."""
         algorithm = self.algorithm
-        if algorithm is not None and gate not in algorithm.claims:
+        if gate not in algorithm.claims:
             pytest.skip(f"{gate}: a claim of {about}, which {algorithm.title} does not declare (its CLAIMS)")
 
     def exact(self, gate: str, narrowed: list[str]) -> None:

@@ -22,13 +22,15 @@ from reports.records import Comparison
 Factory = Callable[..., torch.optim.Optimizer]
 
 
-def factory_of(candidate: Any) -> Factory:
-    """The case's candidate factory; ``None`` is the built-in ``ShardedMuon``."""
-    if candidate is None:
-        from distributed_impl import ShardedMuon
+def factory_of(held: Any) -> Factory:
+    """The candidate factory of a case or a training spec: its ``candidate``, or where it names
+    none, the one muongate ships for its reference's family (``harness.algorithms.built_in``)."""
+    if held.candidate is not None:
+        return held.candidate  # type: ignore[no-any-return]
+    from harness.algorithms import built_in
+    from harness.candidates.loading import load_object
 
-        return ShardedMuon
-    return candidate  # type: ignore[no-any-return]
+    return load_object(built_in(reference_of(held)))  # type: ignore[no-any-return]
 
 
 def candidate_keywords(held: Any) -> dict[str, Any]:

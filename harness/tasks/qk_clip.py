@@ -27,11 +27,11 @@ from harness.tasks.layouts import CaseModule
 from reference.qk_clip import qk_clip_
 
 
-def qk_clip_of(candidate: Any) -> Callable[..., Any]:
-    """The candidate's declared QK-clip (``Candidate.qk_clip``); one it lacks is refused by name."""
-    found = declaration_of(factory_of(candidate)).qk_clip
+def qk_clip_of(case: Any) -> Callable[..., Any]:
+    """The case's candidate's declared QK-clip (``Candidate.qk_clip``); one it lacks is refused by name."""
+    found = declaration_of(factory_of(case)).qk_clip
     if found is None:
-        raise TypeError(f"{candidate!r} declares no qk_clip (Candidate.qk_clip); the QK-clip gate skips it")
+        raise TypeError(f"{factory_of(case)!r} declares no qk_clip (Candidate.qk_clip); the QK-clip gate skips it")
     return found
 
 
@@ -59,7 +59,7 @@ def qk_clip_step(case: Case, step: int, model: nn.Module, mesh: DeviceMesh, ref_
     assert clip is not None
     index, count = replica(mesh)
     q, k = (model.paths.get(name, name) if isinstance(model, CaseModule) else name for name in (clip.q, clip.k))
-    qk_clip_of(case.candidate)(model, [(q, k, observed(case, step, index))], clip.tau, clip.alpha)
+    qk_clip_of(case)(model, [(q, k, observed(case, step, index))], clip.tau, clip.alpha)
     if ref_params:
         whole = torch.stack([observed(case, step, i) for i in range(count)]).amax(0)
         with torch.no_grad():

@@ -74,14 +74,14 @@ def candidate_side(case: Case, model: nn.Module, factory: Any = None) -> torch.o
         kwargs["mode"] = case.mode
     if case.kernel:
         kwargs["orthogonalize_fn"] = kernel_of(case)
-    return (factory or factory_of(case.candidate))(groups_of(case, params), **kwargs)
+    return (factory or factory_of(case))(groups_of(case, params), **kwargs)
 
 
 def twin_side(ctx: RankContext, case: Case, build: Callable[[DeviceMesh | None], nn.Module]) -> Side:
     """The candidate as its own single-device self, on the model ``build`` makes: with the
     counterpart it declares (``single_device``) on plain tensors, or else itself on a
     one-rank FSDP2 mesh of this rank alone."""
-    single = declaration_of(factory_of(case.candidate)).single_device
+    single = declaration_of(factory_of(case)).single_device
     if single is not None:
         model = build(None)
         return model, candidate_side(case, model, single)
@@ -100,7 +100,7 @@ def starts_of(case: Case, tensors: Sequence[Tensor]) -> dict[str, Tensor] | None
     reference moved (``Comparison.change_norm``), so that a difference can be set against what
     those causes explain (``harness.causes.beyond_causes``). ``None`` otherwise: a figure that
     differs by piece would keep a bitwise comparison's row from being shared in the stream."""
-    if case.candidate is None or not declaration_of(case.candidate).differences:
+    if not declaration_of(factory_of(case)).differences:
         return None
     return {s.name: t.clone() for s, t in zip(case.params, tensors, strict=True)}
 

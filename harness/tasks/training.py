@@ -142,7 +142,7 @@ def reference_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Opt
 def candidate_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Optimizer:
     """The spec's candidate on ``model``'s parameters, with every setting of its reference, the
     defaults included (``candidate_keywords``), as the optimizer gates give it."""
-    return factory_of(spec.candidate)(spec_groups(spec, model), **candidate_keywords(spec))
+    return factory_of(spec)(spec_groups(spec, model), **candidate_keywords(spec))
 
 
 def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
