@@ -197,6 +197,13 @@ def built_in(algorithm: Algorithm) -> str:
     return shipped
 
 
+def built_in_factory(algorithm: Algorithm) -> Any:
+    """The factory ``built_in(algorithm)`` names, imported."""
+    from harness.candidates.loading import load_object
+
+    return load_object(built_in(algorithm))
+
+
 @cache
 def _declared(factory: Any) -> Algorithm:
     return Algorithm.of(factory)

@@ -39,8 +39,9 @@ kernels (``kernels``, a form: ``ADAMW_FORMS``)
     ``"foreach"``: the same operations through torch's ``_foreach_*`` kernels on one-element
     lists, in ``torch.optim.AdamW(foreach=True)``'s order (its default on CUDA, and what
     Megatron-core steps). Their bits differ on the CPU in bf16 (``p.mul_(0.99)`` in place is not
-    ``_foreach_mul_``'s, measured; float32 agreed on 300 of 300 runs). Torch has it for its own conventions only, so it takes decoupled or L2
-    decay, ``bias_correction=True``, ``eps_form="outside"`` and ``state_dtype="param"``.
+    ``_foreach_mul_``'s, measured; float32 agreed on 300 of 300 runs). Torch has it for its own
+    conventions only, so it takes decoupled or L2 decay, ``bias_correction=True``,
+    ``eps_form="outside"`` and ``state_dtype="param"``.
     Like Muon's forms it is taken but not in ``DEFAULTS``: candidates are not handed it and the
     gates do not draw it; an engine's ``conventions`` name it.
 

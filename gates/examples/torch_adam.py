@@ -5,8 +5,8 @@ users hand them over: ``torch.optim.AdamW(model.parameters(), ...)`` after ``ful
 Each declares ``reference.AdamW`` (``Candidate(reference=…)``) and the conventions of its class:
 torch keeps the moments in the parameter's dtype, with bias correction and eps outside the
 root; ``AdamW``'s decay is decoupled and ``Adam``'s is L2; the ``foreach`` factories run
-torch's ``_foreach_*`` kernels (``reference.AdamW``'s form ``kernels="foreach"``). Each works element by element on
-whatever DTensor it is handed, so each declares every layout. ``--impl
+torch's ``_foreach_*`` kernels (``reference.AdamW``'s form ``kernels="foreach"``). Each works
+element by element on whatever DTensor it is handed, so each declares every layout. ``--impl
 gates.examples.torch_adam:adamw_foreach`` puts one through every gate that holds for any
 algorithm.
 

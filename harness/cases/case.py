@@ -192,8 +192,9 @@ class Case:
         parts += brief_settings(self.settings, self.reference)
         from harness.algorithms import DEFAULT_REFERENCE, reference_of
 
-        if reference_of(self).spec != DEFAULT_REFERENCE:  # the session default's family is not repeated
-            parts.append(f"reference {reference_of(self).name}")
+        family = reference_of(self)
+        if family.spec != DEFAULT_REFERENCE:  # the session default's family is not repeated
+            parts.append(f"reference {family.name}")
         if self.clip is not None:
             parts.append(self.clip.describe())
         if self.qk_clip is not None:
@@ -279,9 +280,9 @@ class KernelCase:
     @property
     def reference(self) -> Any:
         """A Newton–Schulz kernel is judged against Muon's ``reference.orthogonalize``."""
-        import reference
+        from harness.algorithms import MUON
 
-        return reference.Muon
+        return MUON.factory
 
     def describe(self) -> str:
         parts = [f"{self.input} {list(self.shape)} {self.dtype}", f"kernel {self.kernel.spec}"]

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from harness.algorithms import MUON
 from harness.cases.tensors import generator
 
 Wrapping = Literal["per_expert", "layer", "stacked"]
@@ -63,9 +64,7 @@ class MoECase:
     @property
     def reference(self) -> Any:
         """The family it trains against: Muon, whose settings it carries, alone."""
-        import reference
-
-        return reference.Muon
+        return MUON.factory
 
     def with_variant(self, variant: Variant) -> MoECase:
         return replace(self, variant=variant)

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import fully_shard
 
+from harness.algorithms import MUON
 from harness.candidates.loading import load_object
 from harness.cases.case import candidate_name
 from harness.models.corpus import held_out_bits, next_byte_loss
@@ -65,9 +66,7 @@ class ModelCase:
     @property
     def reference(self) -> Any:
         """The family it trains against: Muon, whose settings it carries, alone."""
-        import reference
-
-        return reference.Muon
+        return MUON.factory
 
     @classmethod
     def load(cls, spec: str) -> ModelCase:

@@ -24,17 +24,12 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import fully_shard
 
+from harness.algorithms import MUON
 from harness.cases.case import candidate_name
 from harness.models.corpus import held_out_bits, next_byte_loss
 from harness.models.moe import MoE
 
 Mlp = Literal["dense", "moe"]
-
-
-def _muon() -> Any:
-    import reference
-
-    return reference.Muon
 
 
 @dataclass(frozen=True)
@@ -60,7 +55,7 @@ class TransformerCase:
     adamw_modules: tuple[str, ...] = ("embed", "head")
     #: the reference class it trains against (``harness.algorithms``): Muon, whose settings the
     #: defaults above are, unless a candidate of another family replaces both
-    reference: Any = field(default_factory=_muon)
+    reference: Any = MUON.factory
 
     def describe(self) -> str:
         qkv = "fused QKV [3d, d]" if self.fused_qkv else "separate Q, K, V [d, d]"

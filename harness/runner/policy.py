@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from harness.algorithms import built_in
+from harness.algorithms import built_in, built_in_factory
 from harness.candidates import MISSING_GRADS, Impl
 from harness.candidates.declaration import declaration_of
-from harness.candidates.loading import load_object
 from harness.runner.adapt import SELF_JUDGED
 
 #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's own ``shard``)
@@ -48,7 +47,7 @@ class SkipPolicy:
         """Skips unless the candidate (the built-in one without ``--impl``) declares ``field`` of
         its ``Candidate`` (a ``clip`` of its own): the claim is about ``what``."""
         spec = self.impl.spec if self.impl is not None else built_in(self.algorithm)
-        factory = self.impl.factory if self.impl is not None else load_object(spec)
+        factory = self.impl.factory if self.impl is not None else built_in_factory(self.algorithm)
         if getattr(declaration_of(factory), field) is None:
             pytest.skip(f"{gate}: {spec} declares no {what} of its own (Candidate.{field})")
 

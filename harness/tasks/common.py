@@ -27,10 +27,9 @@ def factory_of(held: Any) -> Factory:
     none, the one muongate ships for its reference's family (``harness.algorithms.built_in``)."""
     if held.candidate is not None:
         return held.candidate  # type: ignore[no-any-return]
-    from harness.algorithms import built_in
-    from harness.candidates.loading import load_object
+    from harness.algorithms import built_in_factory
 
-    return load_object(built_in(reference_of(held)))  # type: ignore[no-any-return]
+    return built_in_factory(reference_of(held))  # type: ignore[no-any-return]
 
 
 def candidate_keywords(held: Any) -> dict[str, Any]:

@@ -29,9 +29,10 @@ from reference.qk_clip import qk_clip_
 
 def qk_clip_of(case: Any) -> Callable[..., Any]:
     """The case's candidate's declared QK-clip (``Candidate.qk_clip``); one it lacks is refused by name."""
-    found = declaration_of(factory_of(case)).qk_clip
+    factory = factory_of(case)
+    found = declaration_of(factory).qk_clip
     if found is None:
-        raise TypeError(f"{factory_of(case)!r} declares no qk_clip (Candidate.qk_clip); the QK-clip gate skips it")
+        raise TypeError(f"{factory!r} declares no qk_clip (Candidate.qk_clip); the QK-clip gate skips it")
     return found
 
 
