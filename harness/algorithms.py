@@ -40,6 +40,11 @@ as class attributes, what the gates need to know about its algorithm:
     reference's first route is its ``use_muon`` groups', and ``AdamW`` its other groups'. The
     routing audit (``gates/test_routing_gates.py``) reads a candidate's state by them; a
     reference that declares none is not audited, and the gate says so.
+``CAUSES`` (optional, default none)
+    the causes of difference from its arithmetic that muongate emulates and calibrates a tier
+    for (``harness.causes``), by name, each with what it is. A candidate declares the ones its
+    arithmetic has (``Candidate.differences``); any other name is refused when it loads. Every
+    family also has ``ANY_FAMILY``'s, which change no value. A subclass inherits its parent's.
 
 The families muongate brings are registered once, in ``FAMILIES``.
 
@@ -50,7 +55,7 @@ whose claim the reference does not declare skips, naming why (``GateRunner.algor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -59,6 +64,15 @@ from typing import Any
 DEFAULT_REFERENCE = "reference:Muon"
 #: ``--reference none``
 NONE = "none"
+#: the causes of difference of any family: they change no value, only a zero's sign, so their
+#: tier is equality in value (``harness.causes.SIGN_ONLY``)
+ANY_FAMILY: dict[str, str] = {
+    "signed_zero": (
+        "a zero's sign set by where the element falls in torch's CPU kernel blocks (lerp_ at weight 1 on a -0.0 "
+        "gradient: examples/findings/torch_cpu_lerp_signed_zero.py), so a shard and one device hold zeros of other "
+        "signs; judged equal in value, any algorithm"
+    ),
+}
 _DECLARED = ("DEFAULTS", "SPACE", "CONVENTIONS", "PARAM_NDIMS", "STATE")
 
 
@@ -84,6 +98,9 @@ class Algorithm:
     routes: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
     #: the settings that express another implementation's arithmetic, with their defaults (``FORMS``)
     forms: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: the causes of difference a candidate of it may declare, with what each is (``CAUSES``
+    #: and ``ANY_FAMILY``'s)
+    causes: Mapping[str, str] = field(default_factory=lambda: dict(ANY_FAMILY), compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -138,6 +155,7 @@ class Algorithm:
             getattr(factory, "ENGINE_NAME", None),
             {name: tuple(keys) for name, keys in getattr(factory, "ROUTES", {}).items()},
             dict(getattr(factory, "FORMS", {})),
+            {**ANY_FAMILY, **getattr(factory, "CAUSES", {})},
         )  # fmt: skip
 
     @classmethod
@@ -156,6 +174,14 @@ class Algorithm:
         if not names:
             return None
         return names[0] if use_muon or not self.hybrid else "AdamW" if "AdamW" in self.routes else None
+
+    def unknown_causes(self, differences: Iterable[str]) -> str | None:
+        """Why a candidate of this family cannot declare ``differences`` (names it has no tier
+        for), or ``None``."""
+        unknown = sorted(set(differences) - self.causes.keys())
+        if not unknown:
+            return None
+        return f"differences {unknown} are not causes of {self.title}; its causes are {sorted(self.causes)}"
 
     def check(self, settings: Mapping[str, Any]) -> list[str]:
         """Why the reference cannot take these settings (unknown keys, refused values), or nothing."""

@@ -49,32 +49,17 @@ from torch import Tensor
 
 import reference
 import reference.muon as reference_muon
-from harness.algorithms import reference_of
+from harness.algorithms import ANY_FAMILY, reference_of
 from harness.cases import case as case_module
 from harness.cases.case import Case, optimizer_settings
 from harness.compare import Tier
 from harness.kept import kept
 from reports.records import Comparison
 
-CAUSES: dict[str, str] = {
-    "plain_quintic": "Newton–Schulz in the plain form B = b·A + c·(A@A); X = a·X + B@X, not addmm",
-    "fused_quintic": (
-        "Newton–Schulz compiled (torch.compile): the plain form, each elementwise step (the normalization, "
-        "b·A + c·A², a·X + B@X) fused, computed in float32 and rounded to the Newton–Schulz dtype once"
-    ),
-    "scaled_update": "the lr scale multiplies the orthogonalized update in its own dtype before the lr does",
-    "bf16_momentum": "momentum kept in the parameter's dtype, so a bf16 parameter's update starts from bf16",
-    "fp32_normalize": "the update normalized in float32 first, then cast to the Newton–Schulz dtype",
-    "decay_rounded": "weight decay applied to the parameter in its own dtype, rounded, before the update is added",
-    "signed_zero": (
-        "a zero's sign set by where the element falls in torch's CPU kernel blocks (lerp_ at weight 1 on a -0.0 "
-        "gradient: examples/findings/torch_cpu_lerp_signed_zero.py), so a shard and one device hold zeros of other "
-        "signs; judged equal in value, any algorithm"
-    ),
-}
-#: the causes that change no value, only a zero's sign: their tier is equality in value, for any
-#: algorithm; the others are Muon's arithmetic, emulated and calibrated here
-SIGN_ONLY = frozenset({"signed_zero"})
+#: the causes that change no value, only a zero's sign (``harness.algorithms.ANY_FAMILY``): their
+#: tier is equality in value, for any algorithm; the others are Muon's arithmetic
+#: (``reference.MUON_CAUSES``), emulated and calibrated here
+SIGN_ONLY = frozenset(ANY_FAMILY)
 #: square; wide (fewer rows than columns); tall (at least twice the rows, where the lr scale
 #: √(rows/cols) stays above one even on half the rows); and a little tall, in between
 FAMILIES = ("square", "wide", "tall", "a little tall")
@@ -287,9 +272,9 @@ def cause_tiers(
     variants, one for each tensor of ``KINDS`` after each of ``STEPS`` steps. The measurement
     is kept between sessions (``harness.kept``): the same code, torch and device measure the
     same figures."""
-    unknown = sorted(causes - CAUSES.keys())
+    unknown = sorted(causes - reference.MUON_CAUSES.keys())
     if unknown:
-        raise ValueError(f"unknown causes {unknown}; known: {sorted(CAUSES)}")
+        raise ValueError(f"unknown causes {unknown}; Muon's: {sorted(reference.MUON_CAUSES)}")
     group = {**reference.MUON_DEFAULTS, **optimizer_settings(settings)}
     where = [(kind, step) for step in range(STEPS) for kind in KINDS]
     errors = _variant_errors(tuple(sorted(causes)), settings, dtype, family, device)

@@ -5,6 +5,7 @@ from reference.adafactor import ADAFACTOR_DEFAULTS, Adafactor, adafactor_step, v
 from reference.adamw import ADAMW_DEFAULTS, AdamW, adam_step, init_adam_state, validate_adamw_settings
 from reference.lowbit import LOWBIT_DEFAULTS, QUANTIZED, LowBitAdamW, lowbit_adam_step, quantized
 from reference.muon import (
+    MUON_CAUSES,
     MUON_DEFAULTS,
     Interval,
     Muon,
@@ -29,6 +30,7 @@ __all__ = [
     "ADAFACTOR_DEFAULTS",
     "ADAMW_DEFAULTS",
     "LOWBIT_DEFAULTS",
+    "MUON_CAUSES",
     "MUON_DEFAULTS",
     "NORMUON_DEFAULTS",
     "QUANTIZED",

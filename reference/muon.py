@@ -576,6 +576,21 @@ MUON_DEFAULTS: dict[str, Any] = dict(
 #: the reference's own. ``reference.Muon`` takes them, but they are not in ``MUON_DEFAULTS``
 #: (``Muon.DEFAULTS``), which is what every candidate is handed and the gates draw from: a
 #: param group holds one only where it was given.
+#: the causes of difference from this reference's arithmetic that muongate can emulate and
+#: calibrate a tier for (``harness.causes``), each with what it is: a candidate declares the ones
+#: its arithmetic has (``Candidate.differences``), and a bitwise gate that differs judges it by them
+MUON_CAUSES: dict[str, str] = {
+    "plain_quintic": "Newton–Schulz in the plain form B = b·A + c·(A@A); X = a·X + B@X, not addmm",
+    "fused_quintic": (
+        "Newton–Schulz compiled (torch.compile): the plain form, each elementwise step (the normalization, "
+        "b·A + c·A², a·X + B@X) fused, computed in float32 and rounded to the Newton–Schulz dtype once"
+    ),
+    "scaled_update": "the lr scale multiplies the orthogonalized update in its own dtype before the lr does",
+    "bf16_momentum": "momentum kept in the parameter's dtype, so a bf16 parameter's update starts from bf16",
+    "fp32_normalize": "the update normalized in float32 first, then cast to the Newton–Schulz dtype",
+    "decay_rounded": "weight decay applied to the parameter in its own dtype, rounded, before the update is added",
+}
+
 FORM_DEFAULTS: dict[str, Any] = dict(
     ns_form="addmm", ns_normalize="ns_dtype", lr_scale_on="lr", adamw_form="torch", ns_heads=1, ns_split=()
 )
@@ -648,6 +663,8 @@ class Muon(torch.optim.Optimizer):
     DEFAULTS: ClassVar[dict[str, Any]] = MUON_DEFAULTS
     #: the settings taken beside ``DEFAULTS`` that express another Muon's arithmetic
     FORMS: ClassVar[dict[str, Any]] = FORM_DEFAULTS
+    #: the causes of difference muongate calibrates for its arithmetic (``harness.causes``)
+    CAUSES: ClassVar[dict[str, str]] = MUON_CAUSES
     #: the gates' claims that hold for this family alone: its update is Newton–Schulz's (the
     #: gathered and owner-split modes, the causes of difference), beside AdamW groups, with the
     #: norm's bf16 ties and the output's spectrum, and on row blocks (``ns_heads``, ``ns_split``);

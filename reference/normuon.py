@@ -160,6 +160,8 @@ class NorMuon(Muon):
     #: beside AdamW groups, as Muon; not Muon's Newton–Schulz claims: its update is not
     #: Newton–Schulz's output (the spectrum, the norm's ties and Muon's causes say nothing of it)
     CLAIMS: ClassVar[frozenset[str]] = frozenset({"hybrid_groups"})
+    #: none of Muon's causes: they are calibrated on Muon's update, not on NorMuon's
+    CAUSES: ClassVar[dict[str, str]] = {}
     ENGINE_NAME: ClassVar[str | None] = None
     ROUTES: ClassVar[dict[str, tuple[str, ...]]] = {
         "NorMuon": ("momentum_buffer", "second_moment"),

@@ -52,3 +52,16 @@ def test_the_engine_contracts_optimizers_are_the_names_the_registered_families_d
     assert {"muon", "adamw"} == OPTIMIZERS
     assert engine_family("muon").factory is reference.Muon
     assert engine_family("adamw").factory is reference.AdamW, "LowBitAdamW, its subclass, takes no name of its own"
+
+
+def test_each_family_declares_the_causes_muongate_calibrates_for_its_arithmetic_and_every_family_has_signed_zero() -> (
+    None
+):
+    assert set(MUON.causes) == {*reference.MUON_CAUSES, "signed_zero"}
+    assert Algorithm.of(_Renamed).causes == MUON.causes, "a subclass inherits its parent's"
+    for family in (reference.AdamW, reference.LowBitAdamW, reference.Adafactor, reference.NorMuon, _Normalized):
+        assert set(Algorithm.of(family).causes) == {"signed_zero"}, family
+    assert MUON.unknown_causes({"plain_quintic", "signed_zero"}) is None
+    assert Algorithm.of(reference.NorMuon).unknown_causes({"plain_quintic"}) == (
+        "differences ['plain_quintic'] are not causes of reference.NorMuon; its causes are ['signed_zero']"
+    )

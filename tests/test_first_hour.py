@@ -197,3 +197,41 @@ def test_the_training_table_of_an_adamw_run_names_adamw_not_muon() -> None:
     text = buffer.getvalue()
     assert "training (FSDP2 + sharded AdamW), bits per byte" in text, text
     assert "sharded Muon" not in text, text
+
+
+#: a candidate of AdamW that declares a cause of Muon's arithmetic, and one that declares none
+#: (judged against whatever family the session names)
+ADAM_WITH_MUON_CAUSE = """
+import torch
+import reference
+from harness.candidates import Candidate
+
+
+@Candidate(reference=reference.AdamW, differences={"plain_quintic"})
+def adam(param_groups, **settings):
+    return torch.optim.AdamW(param_groups)
+
+
+@Candidate(differences={"bf16_momentum"})
+def muon_like(param_groups, **settings):
+    return torch.optim.AdamW(param_groups)
+"""
+
+
+def test_a_difference_its_family_has_no_cause_of_is_refused_naming_the_familys_causes(
+    project: pytest.Pytester,
+) -> None:
+    project.makepyfile(their_adam=ADAM_WITH_MUON_CAUSE)
+    line = _usage_line(run_pytest(project, "--impl", "their_adam:adam", timeout=60))
+    assert line == (
+        "ERROR: --impl their_adam:adam: Candidate differences ['plain_quintic'] are not causes of "
+        "reference.AdamW; its causes are ['signed_zero']"
+    ), line
+    # declared without a reference, it is judged against the session's, and refused there
+    line = _usage_line(
+        run_pytest(project, "--impl", "their_adam:muon_like", "--reference", "reference:AdamW", timeout=60)
+    )
+    assert line == (
+        "ERROR: --reference reference:AdamW with --impl their_adam:muon_like: its Candidate differences "
+        "['bf16_momentum'] are not causes of reference.AdamW; its causes are ['signed_zero']"
+    ), line

@@ -40,8 +40,10 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     calibrated tiers its arithmetic differs within by design (``gram_partial``); it adds the
     tier's gate and excuses no bitwise gate.
 ``differences``
-    known causes of other arithmetic, of ``harness.causes.CAUSES`` (checked when ``--impl`` loads
-    it). A case of a bitwise gate that differs is then judged by the tier calibrated on exactly
+    known causes of other arithmetic, of those its reference family declares
+    (``harness.algorithms.Algorithm.causes``: Muon's ``reference.MUON_CAUSES``, and
+    ``signed_zero`` for any family), checked when ``--impl`` loads it and against the session's
+    reference. A case of a bitwise gate that differs is then judged by the tier calibrated on exactly
     those causes at its own settings: green (``within causes``) inside it, red past it, and
     ``not judged`` where no tier can tell (``harness.causes.judge_causes``); the cause gate holds
     its update and state to that tier over several steps.
@@ -152,8 +154,8 @@ class Candidate:
         put(self, "features", _names("features", self.features, FEATURES))
         put(self, "layouts", _names("layouts", self.layouts, LAYOUTS))
         put(self, "tiers", _names("tiers", self.tiers, TIERS))
-        # checked against harness.causes.CAUSES when a session loads it (Impl.load): importing that
-        # here would make a circle of imports through harness.cases
+        # checked against its family's causes when a session loads it (Impl.load) and resolves its
+        # reference: a declaration without a reference is judged against the session's
         put(self, "differences", frozenset(self.differences))
         put(self, "devices", _names("devices", self.devices, DEVICES, empty=False))
         if self.max_world is not None and not (isinstance(self.max_world, int) and self.max_world >= 1):

@@ -76,13 +76,11 @@ class Impl:
             declared = declaration_of(factory)
         except ValueError as e:
             raise ValueError(f"--impl {spec}: {e}") from e
-        from harness.causes import CAUSES
-
-        unknown = sorted(set(declared.differences) - CAUSES.keys())
-        if unknown:
-            raise ValueError(f"--impl {spec}: Candidate differences: unknown {unknown}; choose from {sorted(CAUSES)}")
         conventions = {k: stored_setting(k, v) for k, v in declared.conventions.items()}
         algorithm = _reference(spec, declared.reference)
+        refused = algorithm.unknown_causes(declared.differences)
+        if refused:
+            raise ValueError(f"--impl {spec}: Candidate {refused}")
         return cls(
             spec,
             factory,

@@ -596,6 +596,8 @@ def _algorithm(config: pytest.Config) -> Any:
         raise pytest.UsageError(
             f"--reference {spec} with --impl {impl.spec}, which declares reference {declared.spec}: drop --reference"
         )
+    if impl is not None and (refused := algorithm.unknown_causes(impl.differences)):
+        raise pytest.UsageError(f"--reference {spec} with --impl {impl.spec}: its Candidate {refused}")
     if impl is None and algorithm.factory is not MUON.factory:
         shipped = FAMILIES.get(algorithm.spec)
         raise pytest.UsageError(
@@ -646,7 +648,9 @@ def _load_plugin(config: pytest.Config, option: str, load: Callable[[str], Any],
         return load(named)
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         said = str(e).removeprefix(f"--{option} {spec}: ").removeprefix(f"--{option} {named}: ")  # they name it too
-        raise pytest.UsageError(f"--{option} {spec}: {said}; expected {form} importable from here") from e
+        # a name the module lacks, or that is not of the form, gets the form; a declaration it refuses does not
+        where = "" if isinstance(e, ValueError) else f"; expected {form} importable from here"
+        raise pytest.UsageError(f"--{option} {spec}: {said}{where}") from e
 
 
 def _baseline(config: pytest.Config) -> Any:
