@@ -27,7 +27,7 @@ from gates.examples.gram_partial_muon import gram_partial_local_gram_muon, gram_
 from gates.negative_controls import LAYOUT_CONTROLS
 from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, layout_cases, settings_of
-from harness.layouts import EXPERTS, FSDP
+from harness.layouts import EXPERTS, FSDP, TP
 from harness.runner.ran import differed
 from harness.session import drawn, gate_config
 
@@ -76,7 +76,7 @@ def _rowwise_cases(draw: st.DrawFn, candidate: Any) -> Case:
                 "eps_form": "add", "adjust_lr_fn": "original"}  # fmt: skip
     return Case(
         params=tuple(params), seed=draw(st.integers(0, 2**16)), world_size=world, mesh=(world,), mode=None,
-        settings=tuple(settings.items()), candidate=candidate, tp=world, reference=reference.Muon,
+        settings=tuple(settings.items()), candidate=candidate, layout=TP, reference=reference.Muon,
     )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases, norm_tie_cases, session_cases
 from harness.cases.case import DType
 from harness.causes import FAMILIES, STEPS, NotSeparable, cause_tiers, shape_in
+from harness.layouts import fully_sharded
 from harness.session import drawn, gate_config
 from harness.tasks.optimizer import backward_model_case
 
@@ -103,9 +104,11 @@ def test_norms_on_bf16_rounding_ties_match_reference_bitwise(gate_runner: Any, c
 
 
 def _edge(label: str, *params: ParamSpec, world: int = 2, mesh: tuple[int, ...] | None = None, **kw: Any) -> Any:
+    mesh = mesh or (world,)
     case = Case(
-        params=params, world_size=world, mesh=mesh or (world,), seed=11, label=label, **kw, reference=reference.Muon
-    )
+        params=params, world_size=world, mesh=mesh, layout=fully_sharded(len(mesh)), seed=11, label=label, **kw,
+        reference=reference.Muon,
+    )  # fmt: skip
     return pytest.param(case, id=label)
 
 

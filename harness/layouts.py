@@ -7,9 +7,11 @@ also says on which mesh it runs for a world size and how that mesh's dims are na
 strategy draws it, and which rank-side function builds it (``harness.tasks.layouts``, named
 here and imported when a rank asks, so that the parent never imports the rank side).
 
-A case is placed in its family by its own data (``of``): its mesh, its tensor- and
-expert-parallel degrees, whether it holds expert stacks, and whether the runner's adaptation
-gave it to a candidate that shards on its own (``own``). Nothing here asks the candidate.
+A case carries its family (``Case.layout``) beside its mesh, and reads its tensor- and
+expert-parallel degrees from them (``Layout.degrees_on``). FSDP2 on a 1-D mesh has two titles,
+by the case's own data: ``3-D`` where it holds an expert stack (``fully_sharded``). Nothing
+here asks the candidate: the runner's adaptation gives a case to ``OWN`` where the candidate
+shards on its own.
 """
 
 from __future__ import annotations
@@ -54,13 +56,15 @@ class Layout:
             return (2, world // 2) if world >= 4 and world % 2 == 0 else None
         return (2, 2, world // 4) if world >= 8 and world % 4 == 0 else None
 
-    def degrees(self, world: int) -> tuple[int, int]:
-        """``(tp, ep)``: the tensor- and expert-parallel ranks of this family on ``world`` ranks."""
-        mesh = self.mesh(world)
-        if mesh is None:
-            raise ValueError(f"layout {self.name} does not run on {world} ranks")
-        tp = mesh[-1] if "tp" in self.dims else 1
-        return tp, 2 if "ep" in self.dims else 1
+    def degrees_on(self, mesh: tuple[int, ...]) -> tuple[int, int]:
+        """``(tp, ep)``: the tensor- and expert-parallel ranks of this family on ``mesh`` (its
+        ``tp`` and ``ep`` dims' sizes, 1 where it has none)."""
+        if len(mesh) != len(self.dims):
+            raise ValueError(
+                f"layout {self.name} runs on a mesh of {len(self.dims)} dims {self.dims}, not {list(mesh)}"
+            )
+        sizes = dict(zip(self.dims, mesh, strict=True))
+        return sizes.get("tp", 1), sizes.get("ep", 1)
 
     def build(self) -> Callable[..., Any]:
         """The builder itself: ``(case, named tensors, mesh, *, linears) -> nn.Module``."""
@@ -99,23 +103,9 @@ def named(name: str) -> Layout:
     raise ValueError(f"no layout {name!r}; the layouts are {', '.join(layout.name for layout in LAYOUTS)}")
 
 
-def of(
-    world: int, mesh: tuple[int, ...], tp: int, ep: int, shapes: Iterable[tuple[int, ...]], *, own: bool = False
-) -> Layout:
-    """The family of a case's data: ``own`` on a 1-D mesh without TP or EP, a candidate's own
-    sharding; else by its degrees and mesh (pure TP where every rank is a TP rank); on a 1-D
-    mesh, ``3-D`` where it holds an expert stack."""
-    if tp == ep == 1 and len(mesh) == 1 and own:
-        return OWN
-    if ep > 1:
-        return EP_EFSDP
-    if tp > 1:
-        return TP if tp == world else HSDP_TP if len(mesh) == 3 else FSDP_TP
-    if len(mesh) > 1:
+def fully_sharded(ndim: int, shapes: Iterable[tuple[int, ...]] = ()) -> Layout:
+    """FSDP2's own layout on a mesh of ``ndim`` dims: ``fully_shard`` on 1-D (titled ``3-D``
+    where ``shapes`` hold an expert stack), HSDP on 2-D."""
+    if ndim > 1:
         return HSDP
     return EXPERTS if any(len(s) == 3 for s in shapes) else FSDP
-
-
-def fully_sharded(ndim: int) -> Layout:
-    """FSDP2's own layout on a mesh of ``ndim`` dims: ``fully_shard`` on 1-D, HSDP on 2-D."""
-    return FSDP if ndim == 1 else HSDP

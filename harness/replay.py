@@ -176,11 +176,6 @@ def _match(
     return next((s for s in styles if built_placements(family, s, ndim, mesh) == placements), None)
 
 
-def _degrees(family: Layout, mesh: tuple[int, ...]) -> tuple[int, int]:
-    tp = mesh[-1] if family in (TP, FSDP_TP, HSDP_TP) else 1
-    return tp, mesh[0] if family is EP_EFSDP else 1
-
-
 def _smaller_mesh(mesh: tuple[int, ...], nproc: int) -> tuple[int, ...] | None:
     """The reduced mesh a mesh of more than ``nproc`` ranks replays on (``None``: none keeps
     every dim split)."""
@@ -297,7 +292,6 @@ def _mesh_case(
         if target == mesh
         else f"{where} ({family.title}) of {world} ranks: on mesh {list(target)}, {math.prod(target)} ranks"
     )
-    tp, ep = _degrees(family, target)
     taken: set[str] = set()
     specs = []
     for p, placements in params:
@@ -307,10 +301,9 @@ def _mesh_case(
     if not specs:
         return None
     case = Case(
-        params=tuple(specs), world_size=math.prod(target), mesh=target, tp=tp, ep=ep, reference=algorithm.in_case,
+        params=tuple(specs), world_size=math.prod(target), mesh=target, layout=family, reference=algorithm.in_case,
         label=f"replay of {where}",
     )  # fmt: skip
-    assert case.layout is family or (family is FSDP and case.layout is layouts.EXPERTS), (case.layout, family)
     return Replayed(case, fixed)
 
 

@@ -1,8 +1,10 @@
 """Claims about ``harness.layouts``: each family's one value says on which mesh it runs, how
-its dims are named, and which builder lays it out, and a case's own data places it back in
-that family."""
+its dims are named, and which builder lays it out, and a case carries its family beside a mesh
+of that family's dims, reading its tensor- and expert-parallel degrees from them."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -23,18 +25,26 @@ def test_every_family_names_a_builder_that_exists(layout: Layout) -> None:
 
 
 @pytest.mark.parametrize("world", range(1, 9))
-def test_a_case_drawn_on_a_family_is_placed_back_in_it(world: int) -> None:
+def test_a_case_on_a_family_reads_its_degrees_from_that_familys_mesh(world: int) -> None:
     for layout in DRAWN:
         mesh = layout.mesh(world)
         if mesh is None:
             continue
-        tp, ep = layout.degrees(world)
         assert len(mesh) == len(layout.dims), layout
-        case = Case((ParamSpec("w0", (4, 4)),), world_size=world, mesh=mesh, tp=tp, ep=ep, reference=reference.Muon)
+        case = Case((ParamSpec("w0", (4, 4)),), world_size=world, mesh=mesh, layout=layout, reference=reference.Muon)
         assert case.layout is layout
+        assert (case.tp, case.ep) == (mesh[-1] if "tp" in layout.dims else 1, mesh[0] if "ep" in layout.dims else 1)
 
 
-def test_a_case_is_own_only_where_the_adaptation_says_so() -> None:
+def test_fsdp2_on_a_1d_mesh_is_titled_by_whether_the_case_holds_an_expert_stack() -> None:
     case = Case((ParamSpec("w0", (2, 4, 4)),), world_size=2, mesh=(2,), reference=reference.Muon)
     assert case.layout is layouts.EXPERTS
-    assert Case(case.params, world_size=2, mesh=(2,), own=True, reference=reference.Muon).layout is layouts.OWN
+    assert replace(case, params=(ParamSpec("w0", (4, 4)),)).layout is layouts.FSDP
+    assert (
+        Case(case.params, world_size=2, mesh=(2,), layout=layouts.OWN, reference=reference.Muon).layout is layouts.OWN
+    )
+
+
+def test_a_case_whose_mesh_is_not_its_layouts_is_refused_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"Case layout=fsdp_tp runs on a mesh of dims \('dp', 'tp'\), not mesh=\[4\]"):
+        Case((ParamSpec("w0", (4, 4)),), world_size=4, mesh=(4,), layout=layouts.FSDP_TP, reference=reference.Muon)

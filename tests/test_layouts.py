@@ -13,11 +13,12 @@ from support import REPO, run_pytest, run_python
 import reference
 from harness.candidates import Impl
 from harness.cases import Case, ParamSpec
+from harness.layouts import EP_EFSDP, FSDP, FSDP_TP, HSDP, HSDP_TP, TP, Layout
 from harness.ranks import RankPool
 from harness.tasks import selftest as selftest_tasks
 
 
-def _case(world: int, mesh: tuple[int, ...], tp: int) -> Case:
+def _case(world: int, mesh: tuple[int, ...], layout: Layout) -> Case:
     return Case(
         params=(
             ParamSpec("col", (7, 5), style="colwise"),
@@ -26,15 +27,15 @@ def _case(world: int, mesh: tuple[int, ...], tp: int) -> Case:
         ),
         world_size=world,
         mesh=mesh,
-        tp=tp,
+        layout=layout,
         reference=reference.Muon,
     )
 
 
 def test_layout_cases_get_the_placements_parallelize_module_and_fully_shard_give() -> None:
     with RankPool(4) as pool:
-        pure = pool.run(selftest_tasks.layout_placements, _case(2, (2,), 2), world_size=2)
-        both = pool.run(selftest_tasks.layout_placements, _case(4, (2, 2), 2), world_size=4)
+        pure = pool.run(selftest_tasks.layout_placements, _case(2, (2,), TP), world_size=2)
+        both = pool.run(selftest_tasks.layout_placements, _case(4, (2, 2), FSDP_TP), world_size=4)
     assert pure.ok and both.ok, (pure.failure or both.failure).describe()  # type: ignore[union-attr]
     assert pure.results[0] == {"col": "(Shard(dim=0),)", "row": "(Shard(dim=1),)", "rep": "(Replicate(),)"}
     assert both.results[0] == {
@@ -46,7 +47,7 @@ def test_layout_cases_get_the_placements_parallelize_module_and_fully_shard_give
 
 def test_hsdp_over_tp_on_a_3d_mesh_gets_the_placements_fully_shard_gives() -> None:
     with RankPool(8) as pool:
-        grid = pool.run(selftest_tasks.layout_placements, _case(8, (2, 2, 2), 2), world_size=8)
+        grid = pool.run(selftest_tasks.layout_placements, _case(8, (2, 2, 2), HSDP_TP), world_size=8)
     assert grid.ok, grid.failure.describe()  # type: ignore[union-attr]
     assert grid.results[5] == {
         "col": "(Replicate(), _StridedShard(dim=0, sf=2), Shard(dim=0))",
@@ -56,24 +57,23 @@ def test_hsdp_over_tp_on_a_3d_mesh_gets_the_placements_fully_shard_gives() -> No
 
 
 @pytest.mark.parametrize(
-    "params, world, mesh, tp, ep",
+    "params, world, mesh, layout",
     [
-        ((ParamSpec("w", (8, 6)),) * 8, 4, (4,), 1, 1),  # FSDP2
-        ((ParamSpec("w", (8, 6)),) * 8, 4, (2, 2), 1, 1),  # HSDP: two copies of the rows
-        (tuple(ParamSpec(f"w{i}", (8, 6), style="rowwise") for i in range(8)), 4, (4,), 4, 1),  # TP Shard(1)
-        (tuple(ParamSpec(f"w{i}", (8, 6), style=s) for i, s in enumerate(["colwise", "rowwise", "replicate"] * 3)), 4, (2, 2), 2, 1),
-        ((ParamSpec("e", (8, 6, 4)),), 4, (2, 2), 1, 2),  # expert stacks on (ep, efsdp)
-        (tuple(ParamSpec(f"w{i}", (8, 6), style=s) for i, s in enumerate(["colwise", "rowwise", "replicate"] * 3)), 8, (2, 2, 2), 2, 1),
+        ((ParamSpec("w", (8, 6)),) * 8, 4, (4,), FSDP),
+        ((ParamSpec("w", (8, 6)),) * 8, 4, (2, 2), HSDP),  # two copies of the rows
+        (tuple(ParamSpec(f"w{i}", (8, 6), style="rowwise") for i in range(8)), 4, (4,), TP),  # Shard(1)
+        (tuple(ParamSpec(f"w{i}", (8, 6), style=s) for i, s in enumerate(["colwise", "rowwise", "replicate"] * 3)), 4, (2, 2), FSDP_TP),
+        ((ParamSpec("e", (8, 6, 4)),), 4, (2, 2), EP_EFSDP),  # expert stacks on (ep, efsdp)
+        (tuple(ParamSpec(f"w{i}", (8, 6), style=s) for i, s in enumerate(["colwise", "rowwise", "replicate"] * 3)), 8, (2, 2, 2), HSDP_TP),
     ],
     ids=["fsdp", "hsdp", "tp-rowwise", "fsdp×tp", "ep×efsdp", "hsdp×tp"],
 )  # fmt: skip
-def test_owner_split_orthogonalizes_each_matrix_once_on_the_whole_mesh(params, world, mesh, tp, ep) -> None:
+def test_owner_split_orthogonalizes_each_matrix_once_on_the_whole_mesh(params, world, mesh, layout) -> None:
     case = Case(
         params=tuple(p._replace(name=f"w{i}") for i, p in enumerate(params)),
         world_size=world,
         mesh=mesh,
-        tp=tp,
-        ep=ep,
+        layout=layout,
         reference=reference.Muon,
     )
     with RankPool(world) as pool:
@@ -94,14 +94,14 @@ def test_a_candidate_without_declared_layouts_gets_fsdp_cases_with_the_narrowing
         "def tp_muon(param_groups, **settings):\n    raise AssertionError('never built')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    flat = Impl.load("flat_muon:flat_muon").adapt(_case(4, (2, 2), 2))
-    assert (flat.tp, flat.mesh) == (1, (4,))
+    flat = Impl.load("flat_muon:flat_muon").adapt(_case(4, (2, 2), FSDP_TP))
+    assert (flat.layout, flat.tp, flat.mesh) == (FSDP, 1, (4,))
     assert any("fsdp×tp → FSDP2 alone (fsdp_tp not in its declared layouts" in note for note in flat.narrowed), (
         flat.narrowed
     )
     tp = Impl.load("flat_muon:tp_muon")
-    assert tp.adapt(_case(2, (2,), 2)).tp == 2 and not tp.adapt(_case(2, (2,), 2)).narrowed
-    assert tp.adapt(_case(4, (2, 2), 2)).tp == 1
+    assert tp.adapt(_case(2, (2,), TP)).tp == 2 and not tp.adapt(_case(2, (2,), TP)).narrowed
+    assert tp.adapt(_case(4, (2, 2), FSDP_TP)).tp == 1
 
 
 @pytest.mark.slow

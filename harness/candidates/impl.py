@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from harness import layouts
 from harness.algorithms import MUON, Algorithm, reference_of
 from harness.candidates.declaration import DEVICES, FEATURES, LAYOUTS, TIERS, declaration_of
 from harness.candidates.loading import load_callable
@@ -189,8 +190,7 @@ class Impl:
             mode=None,
             world_size=world,
             mesh=(world,) if flat else case.mesh,
-            tp=1 if flat else case.tp,
-            ep=1 if flat else case.ep,
+            layout=layouts.FSDP if flat else case.layout,
             settings=tuple({**settings, **dict(self.conventions)}.items()),
             checkpoint_after=checkpoint,
             narrowed=case.narrowed + tuple(notes),

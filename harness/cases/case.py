@@ -139,18 +139,15 @@ class Case:
     kernel: str | None = None
     #: also run the candidate on one device and compare with that (``--against self``)
     self_reference: bool = False
-    #: tensor-parallel ranks: 1 is FSDP2 alone on ``mesh``; ``world_size`` is tensor
-    #: parallel alone on a 1-D ``tp`` mesh; in between, ``mesh`` is ``(dp, tp)``, TP on
-    #: ``tp`` (each matrix by its ``style``), then ``fully_shard`` on ``dp``, or
-    #: ``(rep, dp, tp)``, then HSDP's ``fully_shard`` on ``(rep, dp)``
-    tp: int = 1
-    #: expert-parallel ranks: with 2, ``mesh`` is ``(ep, efsdp)`` and each 3-D expert stack has
-    #: its experts split over ``ep`` and its rows over ``efsdp`` (2-D matrices: HSDP on it)
-    ep: int = 1
-    #: laid out by the candidate's own ``shard`` (on a 1-D mesh without TP or EP, its layout
-    #: is ``own``): set by the runner's adaptation, which reads the declaration; a case never
-    #: does. It follows from ``candidate``, so it neither tells cases apart nor needs describing
-    own: bool = field(default=False, compare=False)
+    #: the layout family (``harness.layouts``) on ``mesh``, which has its dims: FSDP2 alone
+    #: (``fsdp``, or ``3-D`` where the case holds an expert stack: set from the parameters),
+    #: HSDP on ``(replicate, shard)``, tensor parallelism alone on a 1-D ``tp`` mesh, or
+    #: ``(dp, tp)`` (TP on ``tp``, each matrix by its ``style``, then ``fully_shard`` on ``dp``),
+    #: ``(rep, dp, tp)`` (then HSDP's ``fully_shard`` on ``(rep, dp)``), or expert parallelism
+    #: on ``(ep, efsdp)`` (each 3-D stack's experts split over ``ep`` and its rows over
+    #: ``efsdp``; 2-D matrices HSDP on it). ``own``: the candidate's own ``shard``, which only the
+    #: runner's adaptation sets, from the declaration; a case never reads the candidate
+    layout: Layout = layouts.FSDP
     label: str = field(default="", compare=False)
     #: what ``Impl.adapt`` changed to fit the candidate's declarations, one note each
     narrowed: tuple[str, ...] = field(default=(), compare=False)
@@ -164,18 +161,32 @@ class Case:
     #: QK-clip after every step (``None``: none)
     qk_clip: QKClip | None = None
 
+    def __post_init__(self) -> None:
+        if self.layout in (layouts.FSDP, layouts.EXPERTS):  # one family, titled by whether it holds experts
+            object.__setattr__(self, "layout", layouts.fully_sharded(1, (p.shape for p in self.params)))
+        if len(self.mesh) != len(self.layout.dims):
+            raise ValueError(
+                f"Case layout={self.layout.name} runs on a mesh of dims {self.layout.dims}, not mesh={list(self.mesh)}"
+            )
+
     def settings_dict(self) -> dict[str, Any]:
         """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""
         return optimizer_settings(self.settings)
 
     @property
-    def layout(self) -> Layout:
-        """The case's layout family (``harness.layouts``), from its own data alone."""
-        shapes = (p.shape for p in self.params)
-        return layouts.of(self.world_size, self.mesh, self.tp, self.ep, shapes, own=self.own)
+    def tp(self) -> int:
+        """Tensor-parallel ranks: the size of its layout's ``tp`` dim, 1 where it has none."""
+        return self.layout.degrees_on(self.mesh)[0]
+
+    @property
+    def ep(self) -> int:
+        """Expert-parallel ranks: the size of its layout's ``ep`` dim, 1 where it has none."""
+        return self.layout.degrees_on(self.mesh)[1]
 
     def with_world(self, world_size: int) -> Case:
-        return replace(self, world_size=world_size, mesh=(world_size,))
+        """The case on ``world_size`` ranks of a 1-D mesh, in its layout where that is 1-D, else FSDP2's."""
+        layout = self.layout if len(self.layout.dims) == 1 else layouts.FSDP
+        return replace(self, world_size=world_size, mesh=(world_size,), layout=layout)
 
     def describe(self) -> str:
         """What differs from the defaults, most telling first; see the module docstring."""

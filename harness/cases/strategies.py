@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from harness.algorithms import MUON
 from harness.cases.case import Case, Clip, DType, GradKind, Mode, ParamSpec, QKClip, ReshardCase, Style, stored_setting
-from harness.layouts import DRAWN, Layout
+from harness.layouts import DRAWN, FSDP, Layout, fully_sharded
 
 if TYPE_CHECKING:
     from harness.algorithms import Algorithm
@@ -173,6 +173,7 @@ def cases(
             seed=draw(_SEEDS),
             world_size=world,
             mesh=mesh,
+            layout=fully_sharded(len(mesh)),
             steps=steps,
             mode=draw(_MODES) if algorithm.orthogonalizes else None,
             settings=draw(settings_drawn),
@@ -251,19 +252,15 @@ def _no_empty_chunk(n: int, parts: int) -> int:
 _STYLES: st.SearchStrategy[Style] = st.sampled_from(["colwise", "rowwise", "replicate"])
 
 
-def _layouts(world: int) -> list[tuple[int, int, tuple[int, ...]]]:
-    """``(tp, ep, mesh)`` of every layout family drawn on ``world`` ranks, in the order they
+def _layouts(world: int) -> list[tuple[Layout, tuple[int, ...]]]:
+    """Every layout family drawn on ``world`` ranks with its mesh there, in the order they
     shrink through (``harness.layouts.DRAWN``): FSDP2 on a 1-D mesh first, then pure TP."""
-    options = []
-    for layout in DRAWN:
-        mesh = layout.mesh(world)
-        if mesh is not None:
-            options.append((*layout.degrees(world), mesh))
-    return options
+    return [(layout, mesh) for layout in DRAWN if (mesh := layout.mesh(world)) is not None]
 
 
-def _split(tp: int, mesh: tuple[int, ...]) -> int:
+def _split(layout: Layout, mesh: tuple[int, ...]) -> int:
     """How many pieces a layout cuts a matrix into: its TP degree, else its last mesh dim's ranks."""
+    tp, _ = layout.degrees_on(mesh)
     return mesh[-1] if tp == 1 else tp
 
 
@@ -301,12 +298,11 @@ def layout_cases(
     settings_drawn = settings_of(algorithm)
 
     # the family first, then a world size it runs on: every family as often as the others
-    drawn_families: dict[Layout, list[tuple[int, int, int, tuple[int, ...]]]] = {}
+    drawn_families: dict[Layout, list[tuple[int, tuple[int, ...]]]] = {}
     for w in range(min_world, max_world + 1):
         options = _layouts(w)
-        for tp, ep, mesh in options[1:] or options:  # FSDP2 alone only on one rank
-            family = Case(params=(), world_size=w, mesh=mesh, tp=tp, ep=ep, reference=algorithm.in_case).layout
-            drawn_families.setdefault(family, []).append((w, tp, ep, mesh))
+        for family, mesh in options[1:] or options:  # FSDP2 alone only on one rank
+            drawn_families.setdefault(family, []).append((w, mesh))
     if families is not None:
         drawn_families = {f: w for f, w in drawn_families.items() if f in families}
         if not drawn_families:
@@ -318,17 +314,19 @@ def layout_cases(
     layouts_drawn = {family: st.sampled_from(worlds) for family, worlds in drawn_families.items()}
     # shapes by the count a matrix is split into and whether experts are stacked
     shapes: dict[tuple[int, bool], st.SearchStrategy[tuple[int, ...]]] = {}
-    for worlds in drawn_families.values():
-        for _, tp, ep, mesh in worlds:
-            split = _split(tp, mesh)
-            shapes[split, ep > 1] = matrix_shapes(max_side=24, world_size=split, experts=ep > 1)
+    for family, worlds in drawn_families.items():
+        for _, mesh in worlds:
+            split, experts = _split(family, mesh), family.degrees_on(mesh)[1] > 1
+            shapes[split, experts] = matrix_shapes(max_side=24, world_size=split, experts=experts)
     count_drawn, steps_drawn = st.integers(1, max_params), st.integers(1, max_steps)
     dtype_drawn: st.SearchStrategy[DType] = st.sampled_from(["float32", "bfloat16"])
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
-        world, tp, ep, mesh = draw(layouts_drawn[draw(family_drawn)])
-        shapes_drawn = shapes[_split(tp, mesh), ep > 1]
+        family = draw(family_drawn)
+        world, mesh = draw(layouts_drawn[family])
+        tp, ep = family.degrees_on(mesh)
+        shapes_drawn = shapes[_split(family, mesh), ep > 1]
         params = []
         for i in range(draw(count_drawn)):
             shape, style = draw(shapes_drawn), draw(_STYLES)
@@ -343,8 +341,7 @@ def layout_cases(
             steps=draw(steps_drawn),
             mode=draw(_MODES) if algorithm.orthogonalizes else None,
             settings=draw(settings_drawn),
-            tp=tp,
-            ep=ep,
+            layout=family,
             reference=algorithm.in_case,
         )
 
@@ -503,26 +500,27 @@ def reshard_cases(
 
     world_drawn, steps_drawn = st.integers(1, max_world), st.integers(2, max_steps)
     # each world size's layouts, but expert parallelism
-    layouts_drawn = {w: st.sampled_from([o for o in _layouts(w) if o[1] == 1]) for w in range(1, max_world + 1)}
+    layouts_drawn = {
+        w: st.sampled_from([o for o in _layouts(w) if "ep" not in o[0].dims]) for w in range(1, max_world + 1)
+    }
     base_drawn = layout_cases(max_world=1, min_world=1, max_params=max_params, max_steps=1, algorithm=algorithm)
     saved_after = {steps: st.integers(1, steps - 1) for steps in range(2, max_steps + 1)}
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> ReshardCase:
         worlds = (draw(world_drawn), draw(world_drawn))
-        sides = []
-        for w in worlds:
-            tp, _, mesh = draw(layouts_drawn[w])
-            sides.append((w, tp, mesh))
+        sides = [(w, *draw(layouts_drawn[w])) for w in worlds]
         if sides[0] == sides[1]:
-            sides[1] = (2, 1, (2,)) if sides[0] != (2, 1, (2,)) else (1, 1, (1,))
+            sides[1] = (2, FSDP, (2,)) if sides[0] != (2, FSDP, (2,)) else (1, FSDP, (1,))
         steps = draw(steps_drawn)
         base = draw(base_drawn)
         params = tuple(p._replace(shape=p.shape[-2:], style=draw(_STYLES)) for p in base.params)
-        for w, tp, _ in sides:
-            params = tuple(p._replace(shape=_buildable(p.shape, p.style, tp, w)) for p in params)
+        for w, layout, mesh in sides:
+            params = tuple(
+                p._replace(shape=_buildable(p.shape, p.style, layout.degrees_on(mesh)[0], w)) for p in params
+            )
         case = replace(base, params=params, steps=steps)
-        before, after = (replace(case, world_size=w, mesh=m, tp=tp) for w, tp, m in sides)
+        before, after = (replace(case, world_size=w, mesh=m, layout=layout) for w, layout, m in sides)
         return ReshardCase(before, after, draw(saved_after[steps]))
 
     return draw_case()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness import layouts
 from harness.candidates import Impl, Kernel, UnsupportedConvention, declaration_of
 from harness.cases import Case, ReshardCase
 from harness.tasks.training import TwinsCase
@@ -69,11 +70,12 @@ class Adaptation:
 
 
 def _own(case: Any) -> Any:
-    """``case`` (a resharding case: both sides) marked ``own`` where its candidate declares a
-    ``shard`` of its own: the one place a case learns how its candidate lays itself out, so
-    that the case's layout (``harness.layouts.of``) is its data alone."""
+    """``case`` (a resharding case: both sides) given to ``layouts.OWN`` where it is FSDP2's on a
+    1-D mesh and its candidate declares a ``shard`` of its own: the one place a case learns how
+    its candidate lays itself out, so that a case itself never reads its candidate."""
     if isinstance(case, ReshardCase):
         return replace(case, before=_own(case.before), after=_own(case.after))
-    if isinstance(case, Case) and not case.own and declaration_of(case.candidate).shard is not None:
-        return replace(case, own=True)
+    flat = isinstance(case, Case) and case.layout in (layouts.FSDP, layouts.EXPERTS)
+    if flat and declaration_of(case.candidate).shard is not None:
+        return replace(case, layout=layouts.OWN)
     return case
