@@ -12,6 +12,7 @@ import pytest
 from support import run_pytest
 
 import reference
+from harness import layouts
 from harness.candidates import Impl, UnsupportedConvention
 from harness.cases import Case, Clip, ParamSpec, QKClip
 from reference import AdamW
@@ -176,14 +177,19 @@ def test_one_gate_reports_two_shrunk_findings_and_its_reproduce_command_fails_th
 def test_minimal_case_names_every_field_that_differs_from_the_defaults() -> None:
     base = Case(params=(ParamSpec("w", (4, 4)),), reference=reference.Muon)
     changed: dict[str, Any] = {
-        "seed": 3, "world_size": 2, "mesh": (2, 1), "steps": 2, "mode": "owner_split",
-        "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True, "tp": 2, "ep": 2,
+        "seed": 3, "world_size": 2, "mesh": (2,), "steps": 2, "mode": "owner_split",
+        "settings": (("weight_decay", 0.1),), "checkpoint_after": 1, "kernel": "k:f", "self_reference": True,
+        "layout": layouts.OWN,
         "candidate": Impl, "reference": AdamW, "clip": Clip(1.0), "qk_clip": QKClip("w", "w", 2),
     }  # fmt: skip
     shown = {f.name for f in dataclasses.fields(Case) if f.compare} - {"params"}
     assert shown == set(changed), "a new Case field needs a place in describe()"
     for name, value in changed.items():
         assert dataclasses.replace(base, **{name: value}).describe() != base.describe(), name
+    # a layout of more ranks shows in its degrees
+    for layout, shown_as in ((layouts.FSDP_TP, "tp 2"), (layouts.EP_EFSDP, "ep 2"), (layouts.HSDP, "mesh [2, 2]")):
+        on_four = dataclasses.replace(base, world_size=4, mesh=(2, 2), layout=layout)
+        assert shown_as in on_four.describe().split(" · "), layout
     spec = base.params[0]
     params = {"dtype": "bfloat16", "use_muon": False, "grad": "zero", "grad_scale": 1e-8, "style": "rowwise"}
     assert set(params) == set(ParamSpec._fields) - {"name", "shape"}, (
