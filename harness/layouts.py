@@ -60,9 +60,7 @@ class Layout:
         """``(tp, ep)``: the tensor- and expert-parallel ranks of this family on ``mesh`` (its
         ``tp`` and ``ep`` dims' sizes, 1 where it has none)."""
         if len(mesh) != len(self.dims):
-            raise ValueError(
-                f"layout {self.name} runs on a mesh of {len(self.dims)} dims {self.dims}, not {list(mesh)}"
-            )
+            raise ValueError(f"layout={self.name} runs on a mesh of dims {self.dims}, not mesh={list(mesh)}")
         sizes = dict(zip(self.dims, mesh, strict=True))
         return sizes.get("tp", 1), sizes.get("ep", 1)
 

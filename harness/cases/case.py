@@ -164,10 +164,10 @@ class Case:
     def __post_init__(self) -> None:
         if self.layout in (layouts.FSDP, layouts.EXPERTS):  # one family, titled by whether it holds experts
             object.__setattr__(self, "layout", layouts.fully_sharded(1, (p.shape for p in self.params)))
-        if len(self.mesh) != len(self.layout.dims):
-            raise ValueError(
-                f"Case layout={self.layout.name} runs on a mesh of dims {self.layout.dims}, not mesh={list(self.mesh)}"
-            )
+        try:
+            self.layout.degrees_on(self.mesh)
+        except ValueError as e:
+            raise ValueError(f"Case {e}") from None
 
     def settings_dict(self) -> dict[str, Any]:
         """Optimizer keyword arguments (``ns_dtype`` as a ``torch.dtype``)."""

@@ -258,9 +258,8 @@ def _layouts(world: int) -> list[tuple[Layout, tuple[int, ...]]]:
     return [(layout, mesh) for layout in DRAWN if (mesh := layout.mesh(world)) is not None]
 
 
-def _split(layout: Layout, mesh: tuple[int, ...]) -> int:
+def _split(tp: int, mesh: tuple[int, ...]) -> int:
     """How many pieces a layout cuts a matrix into: its TP degree, else its last mesh dim's ranks."""
-    tp, _ = layout.degrees_on(mesh)
     return mesh[-1] if tp == 1 else tp
 
 
@@ -316,8 +315,9 @@ def layout_cases(
     shapes: dict[tuple[int, bool], st.SearchStrategy[tuple[int, ...]]] = {}
     for family, worlds in drawn_families.items():
         for _, mesh in worlds:
-            split, experts = _split(family, mesh), family.degrees_on(mesh)[1] > 1
-            shapes[split, experts] = matrix_shapes(max_side=24, world_size=split, experts=experts)
+            tp, ep = family.degrees_on(mesh)
+            split = _split(tp, mesh)
+            shapes[split, ep > 1] = matrix_shapes(max_side=24, world_size=split, experts=ep > 1)
     count_drawn, steps_drawn = st.integers(1, max_params), st.integers(1, max_steps)
     dtype_drawn: st.SearchStrategy[DType] = st.sampled_from(["float32", "bfloat16"])
 
@@ -326,7 +326,7 @@ def layout_cases(
         family = draw(family_drawn)
         world, mesh = draw(layouts_drawn[family])
         tp, ep = family.degrees_on(mesh)
-        shapes_drawn = shapes[_split(family, mesh), ep > 1]
+        shapes_drawn = shapes[_split(tp, mesh), ep > 1]
         params = []
         for i in range(draw(count_drawn)):
             shape, style = draw(shapes_drawn), draw(_STYLES)
