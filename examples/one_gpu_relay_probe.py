@@ -63,9 +63,17 @@ class Relay(dist.ProcessGroup):
         return self.name_
 
     def _each(self, outs, call):
-        hosts = [host(t) for t in outs]
-        call(hosts).wait()
-        for t, h in zip(outs, hosts, strict=True):
+        """``call`` on CPU copies of the tensors ``outs`` (a list, or a list of lists), waited for,
+        then each result copied back in place."""
+        flat = [t for o in outs for t in (o if isinstance(o, list) else [o])]
+        hosts = [host(t) for t in flat]
+        nested, i = [], 0
+        for o in outs:  # the copies in the shape of ``outs``
+            n = len(o) if isinstance(o, list) else 1
+            nested.append(hosts[i : i + n] if isinstance(o, list) else hosts[i])
+            i += n
+        call(nested).wait()
+        for t, h in zip(flat, hosts, strict=True):
             t.copy_(h)
         return Done(outs)
 
@@ -83,71 +91,40 @@ class Relay(dist.ProcessGroup):
         return Done([])
 
     def allgather(self, outputs, inputs, opts=None):
-        ho = [[host(t) for t in o] for o in outputs]
-        self.gloo.allgather(ho, [host(t) for t in inputs], opts).wait()
-        for o, h in zip(outputs, ho, strict=True):
-            for t, c in zip(o, h, strict=True):
-                t.copy_(c)
-        return Done(outputs)
+        return self._each(outputs, lambda h: self.gloo.allgather(h, [host(t) for t in inputs], opts))
+
+    def gather(self, outputs, inputs, opts=None):
+        return self._each(outputs, lambda h: self.gloo.gather(h, [host(t) for t in inputs], opts))
+
+    def reduce_scatter(self, outputs, inputs, opts=None):
+        return self._each(outputs, lambda h: self.gloo.reduce_scatter(h, [[host(t) for t in i] for i in inputs], opts))
+
+    def scatter(self, outputs, inputs, opts=None):
+        return self._each(outputs, lambda h: self.gloo.scatter(h, [[host(t) for t in i] for i in inputs], opts))
 
     def _gather_one(self, output, input, opts=None):
-        ho = host(output)
-        self.gloo._allgather_base(ho, host(input), opts).wait()
-        output.copy_(ho)
-        return Done([output])
+        return self._each([output], lambda h: self.gloo._allgather_base(h[0], host(input), opts))
 
-    _allgather_base = all_gather_single = _gather_one
+    def _scatter_one(self, output, input, opts=None):
+        return self._each([output], lambda h: self.gloo._reduce_scatter_base(h[0], host(input), opts))
+
+    def _to_all(self, output, input, out_splits, in_splits, opts=None):
+        return self._each([output], lambda h: self.gloo.alltoall_base(h[0], host(input), out_splits, in_splits, opts))
 
     def _gather_many(self, outputs, inputs, opts=None):
         for o, i in zip(outputs, inputs, strict=True):
             self._gather_one(o, i, opts)
         return Done(outputs)
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced = _gather_many
-
-    def _scatter_one(self, output, input, opts=None):
-        ho = host(output)
-        self.gloo._reduce_scatter_base(ho, host(input), opts).wait()
-        output.copy_(ho)
-        return Done([output])
-
-    _reduce_scatter_base = reduce_scatter_single = _scatter_one
-
     def _scatter_many(self, outputs, inputs, opts=None):
         for o, i in zip(outputs, inputs, strict=True):
             self._scatter_one(o, i, opts)
         return Done(outputs)
 
+    _allgather_base = all_gather_single = _gather_one
+    allgather_into_tensor_coalesced = all_gather_single_coalesced = _gather_many
+    _reduce_scatter_base = reduce_scatter_single = _scatter_one
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced = _scatter_many
-
-    def reduce_scatter(self, outputs, inputs, opts=None):
-        ho = [host(t) for t in outputs]
-        self.gloo.reduce_scatter(ho, [[host(t) for t in i] for i in inputs], opts).wait()
-        for t, h in zip(outputs, ho, strict=True):
-            t.copy_(h)
-        return Done(outputs)
-
-    def scatter(self, outputs, inputs, opts=None):
-        ho = [host(t) for t in outputs]
-        self.gloo.scatter(ho, [[host(t) for t in i] for i in inputs], opts).wait()
-        for t, h in zip(outputs, ho, strict=True):
-            t.copy_(h)
-        return Done(outputs)
-
-    def gather(self, outputs, inputs, opts=None):
-        ho = [[host(t) for t in o] for o in outputs]
-        self.gloo.gather(ho, [host(t) for t in inputs], opts).wait()
-        for o, h in zip(outputs, ho, strict=True):
-            for t, c in zip(o, h, strict=True):
-                t.copy_(c)
-        return Done(outputs)
-
-    def _to_all(self, output, input, out_splits, in_splits, opts=None):
-        ho = host(output)
-        self.gloo.alltoall_base(ho, host(input), out_splits, in_splits, opts).wait()
-        output.copy_(ho)
-        return Done([output])
-
     alltoall_base = all_to_all_single = _to_all
 
 
