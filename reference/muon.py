@@ -74,6 +74,12 @@ AdamW form (``adamw_form``), for the ``use_muon=False`` groups
     ``"keller"``: Keller Jordan's ``adam_update`` (DeepSpeed's inline Adam, where no
     ``torch.optim`` AdamW is handed to it): ``m = lerp(m, g, 1−β₁)``, ``v = lerp(v, g², 1−β₂)``,
     update ``(m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + eps)``; decay ``p·(1 − lr·wd)`` first.
+    ``"lerp"``: torch's, with ``v = lerp(v, g², 1−β₂)`` (pytorch-optimizer's AdamW groups).
+the AdamW step count (``adamw_steps``), ``t`` above
+    ``"param"`` (default): the steps this parameter had a gradient in, as torch.optim.AdamW
+    counts. ``"group"``: the optimizer's steps since its group was made, a gradient or not
+    (pytorch-optimizer's ``group["step"]``): a parameter's first gradient at step 5 is
+    bias-corrected as a fifth step.
 weight decay
     Decoupled, before the update, with the unscaled lr: ``p ← p·(1 − lr·wd)``.
 tall matrices
@@ -115,7 +121,8 @@ CoefficientsName = Literal["keller", "polar_express"]
 NsForm = Literal["addmm", "expanded", "gram", "gram_addmm"]
 NsNormalize = Literal["ns_dtype", "input"]
 LrScaleOn = Literal["lr", "update"]
-AdamwForm = Literal["torch", "keller"]
+AdamwForm = Literal["torch", "keller", "lerp"]
+AdamwSteps = Literal["param", "group"]
 
 #: the iteration at which the Gram forms apply their polynomial to X and start again from its
 #: Gram matrix (DeepSpeed's ``restart_at``), which keeps the half-precision product stable
@@ -451,12 +458,17 @@ def adamw_update(
     betas: tuple[float, float],
     eps: float,
     weight_decay: float,
+    squares: Literal["addcmul", "lerp"] = "addcmul",
 ) -> None:
-    """One AdamW step (torch.optim.AdamW's single-tensor arithmetic) on float32 state. Elementwise."""
+    """One AdamW step (torch.optim.AdamW's single-tensor arithmetic) on float32 state, its second
+    moment by ``addcmul`` as torch's or by ``lerp`` (``adamw_form="lerp"``). Elementwise."""
     beta1, beta2 = betas
     g = grad.float()
     exp_avg.lerp_(g, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    if squares == "lerp":
+        exp_avg_sq.lerp_(g.square(), 1 - beta2)
+    else:
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
     bias_correction1 = 1 - beta1**step
     bias_correction2_sqrt = math.sqrt(1 - beta2**step)
     p = param if param.dtype == torch.float32 else param.float()
@@ -530,6 +542,7 @@ def validate_settings(group: dict[str, Any]) -> None:
         ("ns_normalize", NsNormalize),
         ("lr_scale_on", LrScaleOn),
         ("adamw_form", AdamwForm),
+        ("adamw_steps", AdamwSteps),
     ):
         if form_of(group, name) not in get_args(kind):
             raise bad(name, f"is not one of {get_args(kind)}")
@@ -592,7 +605,13 @@ MUON_CAUSES: dict[str, str] = {
 }
 
 FORM_DEFAULTS: dict[str, Any] = dict(
-    ns_form="addmm", ns_normalize="ns_dtype", lr_scale_on="lr", adamw_form="torch", ns_heads=1, ns_split=()
+    ns_form="addmm",
+    ns_normalize="ns_dtype",
+    lr_scale_on="lr",
+    adamw_form="torch",
+    adamw_steps="param",
+    ns_heads=1,
+    ns_split=(),
 )
 
 
@@ -718,6 +737,8 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            if form_of(group, "adamw_steps") == "group":
+                group["step"] = group.get("step", 0) + 1
             self._group_step([p for p in group["params"] if p.grad is not None], group)
         return loss
 
@@ -757,15 +778,15 @@ class Muon(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         state["step"] += 1
-        step = keller_adam_update if form_of(group, "adamw_form") == "keller" else adamw_update
-        step(
-            p,
-            grad,
-            state["exp_avg"],
-            state["exp_avg_sq"],
-            cast(int, state["step"]),
+        form = form_of(group, "adamw_form")
+        hyper = dict(
             lr=group["adamw_lr"],
             betas=group["adamw_betas"],
             eps=group["adamw_eps"],
             weight_decay=group["adamw_weight_decay"],
         )
+        if form != "keller":
+            hyper["squares"] = "lerp" if form == "lerp" else "addcmul"
+        t = group["step"] if form_of(group, "adamw_steps") == "group" else state["step"]
+        update = keller_adam_update if form == "keller" else adamw_update
+        update(p, grad, state["exp_avg"], state["exp_avg_sq"], cast(int, t), **hyper)

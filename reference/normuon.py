@@ -33,6 +33,12 @@ The public implementations disagree, and each difference is a setting:
     ``"rms"`` (the paper's Algorithm 1, and optax pull request 1651): the update is
     rescaled to ``0.2·√(rows·cols)`` in Frobenius norm (an RMS of 0.2) and the lr is not
     scaled again.
+``normuon_tall``
+    how a tall matrix's (more rows than columns) Newton–Schulz output is laid out in memory
+    when its statistics and norms are summed: ``"row_major"``, or ``"transposed"``, the
+    transpose of the wide matrix Newton–Schulz iterated on, as pytorch-optimizer's NorMuon
+    leaves it. The same sums in another order: a step of a ``[31, 13]`` matrix came out
+    otherwise in 130 of 200 draws, by at most 2.4e-7.
 ``normuon_eps`` and ``beta2``
     as above; the authors' defaults (1e-10, 0.95).
 
@@ -59,6 +65,7 @@ from reference.muon import MUON_DEFAULTS, Interval, Muon, lr_scale, validate_set
 NormuonAxis = Literal["rows", "shape"]
 NormuonDenominator = Literal["add", "clamp"]
 NormuonScale = Literal["frobenius", "rms"]
+NormuonTall = Literal["row_major", "transposed"]
 
 NORMUON_DEFAULTS: dict[str, Any] = dict(
     MUON_DEFAULTS,
@@ -67,6 +74,7 @@ NORMUON_DEFAULTS: dict[str, Any] = dict(
     normuon_axis="rows",
     normuon_denominator="add",
     normuon_scale="frobenius",
+    normuon_tall="row_major",
 )
 
 
@@ -91,8 +99,11 @@ def divided_by_statistics(
     ortho: Tensor, second_moment: Tensor, group: dict[str, Any], shape: Sequence[int]
 ) -> tuple[Tensor, Tensor]:
     """Advances ``second_moment`` (float32) in place from Newton–Schulz's output ``ortho`` of a
-    matrix of global ``shape``; returns that output in float32 and divided by the statistics."""
-    u = ortho.float()
+    matrix of global ``shape``; returns that output in float32, laid out as ``normuon_tall``
+    says (the order its sums run in), and divided by the statistics."""
+    u = ortho.float().contiguous()
+    if group["normuon_tall"] == "transposed" and shape[-2] > shape[-1]:
+        u = u.mT.contiguous().mT
     dim = statistics_dim(shape, group["normuon_axis"])
     second_moment.lerp_((u * u).mean(dim=dim, keepdim=True), 1 - group["beta2"])
     return u, divided_by(u, second_moment, group)
@@ -135,6 +146,7 @@ def validate_normuon_settings(group: dict[str, Any]) -> None:
         ("normuon_axis", NormuonAxis),
         ("normuon_denominator", NormuonDenominator),
         ("normuon_scale", NormuonScale),
+        ("normuon_tall", NormuonTall),
     ):
         if group[name] not in get_args(kind):
             raise ValueError(f"{name}={group[name]!r} is not one of {get_args(kind)}")
@@ -153,6 +165,7 @@ class NorMuon(Muon):
         "normuon_axis": get_args(NormuonAxis),
         "normuon_denominator": get_args(NormuonDenominator),
         "normuon_scale": get_args(NormuonScale),
+        "normuon_tall": get_args(NormuonTall),
         "normuon_eps": (1e-10, 1e-8),
     }
     STATE: ClassVar[tuple[str, ...]] = ("momentum_buffer", "second_moment", "exp_avg", "exp_avg_sq")

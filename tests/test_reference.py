@@ -144,6 +144,31 @@ def test_adamw_group_matches_torch_adamw_bitwise():
     assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
 
 
+def test_the_lerp_form_and_the_groups_step_count_bias_correct_a_late_first_gradient_as_the_groups_third_step():
+    """``adamw_form="lerp"`` keeps ``v`` by ``lerp`` of the squared gradient; ``adamw_steps="group"``
+    counts the optimizer's steps, so a parameter whose first gradient comes at the third step is
+    bias-corrected as a third step, where torch's count makes it a first."""
+    from reference import adamw_update
+
+    p0, (grad, *_) = _inputs((5, 3), torch.float32)
+    p = p0.clone().requires_grad_()
+    other = torch.zeros(2, 2, requires_grad=True)
+    hyper = dict(adamw_lr=1e-2, adamw_betas=(0.9, 0.99), adamw_eps=1e-8, adamw_weight_decay=0.1)
+    opt = Muon([{"params": [p, other], "use_muon": False}], adamw_form="lerp", adamw_steps="group", **hyper)
+    for step in range(3):
+        other.grad = torch.ones(2, 2)
+        p.grad = grad.clone() if step == 2 else None
+        opt.step()
+
+    def expected(step: int, squares: str) -> torch.Tensor:
+        w, m, v = p0.clone(), torch.zeros(5, 3), torch.zeros(5, 3)
+        adamw_update(w, grad, m, v, step, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, squares=squares)  # type: ignore[arg-type]
+        return w
+
+    assert torch.equal(p.detach(), expected(3, "lerp"))
+    assert not torch.equal(expected(3, "lerp"), expected(1, "lerp"))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "params", "message"),
     [

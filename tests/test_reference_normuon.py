@@ -70,6 +70,26 @@ def test_every_normuon_convention_changes_the_result(convention: dict[str, objec
     assert not torch.equal(_stepped(), _stepped(**convention)), convention
 
 
+def test_a_tall_matrix_transposed_sums_in_another_order_within_an_ulp_and_a_wide_one_is_unchanged() -> None:
+    """``normuon_tall="transposed"`` (pytorch-optimizer's layout of Newton–Schulz's output) changes
+    only the order of the sums over a tall matrix: some draws differ, by rounding alone."""
+
+    def stepped(shape: tuple[int, int], seed: int, tall: str) -> torch.Tensor:
+        torch.manual_seed(seed)
+        p = torch.nn.Parameter(torch.randn(shape))
+        p.grad = torch.randn(shape)
+        NorMuon([p], normuon_tall=tall).step()
+        return p.detach()
+
+    differ = 0
+    for seed in range(20):
+        row_major, transposed = stepped((31, 13), seed, "row_major"), stepped((31, 13), seed, "transposed")
+        torch.testing.assert_close(transposed, row_major, rtol=0, atol=1e-6)
+        differ += not torch.equal(row_major, transposed)
+        assert torch.equal(stepped((13, 31), seed, "row_major"), stepped((13, 31), seed, "transposed"))
+    assert differ > 0
+
+
 def test_the_statistics_are_float32_and_survive_a_checkpoint_of_a_bf16_parameter() -> None:
     p = torch.nn.Parameter(torch.randn(4, 6).bfloat16())
     opt = NorMuon([p], normuon_axis="shape")
