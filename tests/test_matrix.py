@@ -143,6 +143,10 @@ EXPECTED: dict[str, tuple[str, Callable[[dict[str, str]], bool]]] = {
         "pytorch_optimizer",
         lambda row: row["edge:uneven-7x5"].startswith("bitwise (1)"),
     ),
+    "examples.pytorch_optimizer_adapter:muon_clip": (
+        "pytorch_optimizer",
+        lambda row: row["edge:uneven-7x5"].startswith("bitwise (1)"),
+    ),
     "examples.pytorch_optimizer_adapter:distributed_muon": (
         "pytorch_optimizer",
         lambda row: "invalid tensor size" in row["edge:no-grad-and-zero-grad"],

@@ -127,6 +127,22 @@ def test_pytorch_optimizer_muon_leaves_a_rank_waiting_for_a_gradient_it_lacks() 
     assert "rank 1: step completed" in run.stdout and "rank 0: step failed" in run.stdout, run.stdout[-2000:]
 
 
+def test_pytorch_optimizer_normuon_cannot_step_an_fsdp2_parameter_that_its_muon_steps() -> None:
+    pytest.importorskip("pytorch_optimizer", reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun("pytorch_optimizer_normuon_dtensor.py", 2)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "rank 0: Muon stepped" in run.stdout, run.stdout[-2000:]
+    assert "rank 0: NorMuon raised RuntimeError" in run.stdout, run.stdout[-2000:]
+
+
+def test_pytorch_optimizer_muon_clip_cannot_clip_a_projection_under_fsdp2_over_tensor_parallelism() -> None:
+    pytest.importorskip("pytorch_optimizer", reason="the peers extra: pip install -e .[peers]")
+    run = _torchrun("pytorch_optimizer_muon_clip_fsdp_tp.py", 4)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "rank 0: (Shard(dim=0),): clipped, max|diff| from one device 0\n" in run.stdout, run.stdout[-2000:]
+    assert "rank 0: (_StridedShard(dim=0, sf=2), Shard(dim=0)): raised The size of tensor a" in run.stdout
+
+
 def test_torchtitan_dist_muon_needs_a_cuda_device() -> None:
     pytest.importorskip("torchtitan", reason="the peers extra: pip install -e .[peers]")
     run = _torchrun("torchtitan_dist_muon_cuda_only.py", 1)
