@@ -2,10 +2,9 @@
 algorithm its candidates are judged against. Gate modules draw from it lazily (``drawn``), at
 the first example, so that nothing is read at import and no environment variable carries it.
 
-The configuration belongs to the pytest session: the plug-in keeps it in the session's
-``config.stash`` (``harness.plugin.GATE_CONFIG``, refined as the session resolves its plug-ins),
-and a session is the current one only while it collects and runs tests (a ``ContextVar`` the
-plug-in sets and resets around them), so that nothing outlives a session and a session that
+The configuration belongs to the pytest session: its ``harness.plugin.gate_session.GateSession``
+(``gate_config``, refined as the session resolves its plug-ins), and a session is the current
+one only while it collects and runs tests (a ``ContextVar`` the plug-in sets and resets around them), so that nothing outlives a session and a session that
 pytester starts inside another one reads its own. Read where no session is running,
 ``gate_config`` raises instead of answering with defaults."""
 
@@ -17,7 +16,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-from harness.plugin import GATE_CONFIG, GateConfig, nproc_of, running_config
+from harness.plugin import GateConfig, running_config, session_of
 
 __all__ = ["GateConfig", "drawn", "gate_config"]
 
@@ -26,9 +25,7 @@ T = TypeVar("T")
 
 def gate_config() -> GateConfig:
     """The running session's configuration (``harness.plugin.running_config``: an error where none runs)."""
-    config = running_config()
-    found = config.stash.get(GATE_CONFIG, None)
-    return found if found is not None else GateConfig(nproc=nproc_of(config))
+    return session_of(running_config()).gate_config
 
 
 def drawn(build: Callable[[GateConfig], st.SearchStrategy[T]]) -> st.SearchStrategy[T]:

@@ -9,8 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401  # before any pytester snapshot (below)
 from support import pythonpath
 
+#: pytester's in-process sessions take away, when they end, every module they imported; torch
+#: cannot be imported a second time in one process ("SystemError: ... bad call flags", then a
+#: segmentation fault), so a later in-process session that imported it again failed. Imported
+#: here, at collection, it is in every snapshot and stays (tests/test_plugin.py run in one
+#: process failed so on d7f4a17; CI's three workers happened to order the tests around it).
 pytest_plugins = ["pytester"]
 
 _REPRODUCE = re.compile(r"^reproduce: (PYTHONPATH=.*)$", re.MULTILINE)

@@ -180,6 +180,12 @@ WALLS = {
 }
 
 
+def test_the_plugin_is_thin_its_session_object_holds_the_rest() -> None:
+    """``harness.plugin`` is options, markers and fixtures: of harness it imports only its options
+    and its session object (``GateSession``, which owns devices, plug-ins, runner and report)."""
+    assert GRAPH["harness.plugin"] == {"harness.plugin.options", "harness.plugin.gate_session"}
+
+
 def _breaches(graph: dict[str, set[str]], room: str) -> list[str]:
     """The imports by ``room``'s modules of modules past its walls (``WALLS``)."""
     walled, _ = WALLS[room]

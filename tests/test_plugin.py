@@ -238,16 +238,17 @@ def test_what_is_imported():
 """
 
 
-def test_an_unrelated_session_imports_nothing_of_muongate_but_the_plugin_and_its_options(
+def test_an_unrelated_session_imports_nothing_of_muongate_but_the_plugin_its_options_and_its_session(
     other_project: pytest.Pytester,
 ) -> None:
-    """What the plug-in costs another project's session is its import: the plug-in and its
-    options, nothing else of muongate and no torch (how long that takes is measured by
+    """What the plug-in costs another project's session is its import: the plug-in, its options
+    and its session object, nothing else of muongate and no torch (how long that takes is measured by
     ``python -m benchmarks.plugin_startup``, not here)."""
     other_project.makepyfile(test_modules=MUONGATE_MODULES_TEST)
     result = other_project.runpytest_subprocess("-p", "harness.plugin", "-p", "no:cacheprovider", "-s", timeout=120)
     result.assert_outcomes(passed=1)
-    assert "imported: ['harness', 'harness.plugin', 'harness.plugin.options']\n" in result.stdout.str()
+    imported = ["harness", "harness.plugin", "harness.plugin.gate_session", "harness.plugin.options"]
+    assert f"imported: {imported}\n" in result.stdout.str()
 
 
 PROFILE_TEST = """

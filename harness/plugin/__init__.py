@@ -1,19 +1,18 @@
-"""The muongate pytest plugin: ``--nproc``, the ``gate`` marker, the rank pool, the report.
+"""The muongate pytest plugin: its options, its markers and its two fixtures; everything else,
+the hypothesis profiles included, belongs to the session object.
 
 Loaded by the root ``conftest.py`` and exposed as the ``harness.plugin`` ``pytest11`` entry
 point, so after ``pip install`` another project's suite has it too (and runs the gates
 with ``--pyargs gates``). Options and their checks live in ``options``; the live display
-in ``progress``.
+in ``progress``; the session, what it resolves, runs and reports, and its hooks, in
+``gate_session.GateSession``, one object per pytest session, which ``pytest_configure``
+registers with pytest (``session_of`` finds it).
 
 Because the entry point loads it into every pytest session of an environment where muongate
 is installed, the plugin costs nothing where its gates are not collected: importing it only
-registers hypothesis profiles, and ``pytest_configure`` only checks option values. Torch, the
-hypothesis profile, the devices and the ``--impl``/``--kernel``/``--model`` plug-ins wait for
-the first sign that the session runs gates: an option only gates use (``--nproc``, ``--impl``…)
-or arguments that name muongate's ``gates`` package (``pytest_configure``, so usage errors
-come before collection, as in any pytest plugin), a file of that package is
-about to be imported (``pytest_collect_file``), or a collected test is marked ``gate`` or asks
-for ``gate_runner`` (``pytest_collection_modifyitems``, still before any rank starts).
+registers hypothesis profiles, and ``pytest_configure`` only checks option values and makes the
+session object, which waits for the first sign that the session runs gates before it imports
+torch or loads anything.
 
 What a CI system reads: each gate's figures go into the test's ``user_properties`` (so
 ``--junitxml`` carries them), and the Markdown report is appended to
@@ -23,91 +22,37 @@ What a CI system reads: each gate's figures go into the test's ``user_properties
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
-from harness.plugin.options import PROFILE_VARIABLE, add_options, check_options
-
-# Profiles are only registered here; a session that runs gates loads one (``_choose_profile``).
-# Distributed cases take milliseconds to seconds, so hypothesis's per-example deadline is off;
-# the pool's own deadline bounds each case. "ci" is derandomized so CI runs are repeatable.
-# No explain phase: it re-runs a failing case about a hundred times more to annotate
-# hypothesis's drawn case (30.6 s of a 43 s cause-gate session that found a bug), and the
-# report prints the case as it ran with the fields that differ from the defaults;
-# --hypothesis-explain brings it back.
-_BASE = settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+from harness.plugin.gate_session import (
+    DEFAULT_PROFILE,
+    GATES,
+    GateConfig,
+    GateSession,
+    launched_by_torchrun,
+    register_gate_ci_profile,
 )
-settings.register_profile("dev", _BASE, max_examples=20)
-settings.register_profile("thorough", _BASE, max_examples=2000)
-DEFAULT_PROFILE = "ci"
+from harness.plugin.options import add_options, check_options
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "GATES",
+    "GateConfig",
+    "GateSession",
+    "register_gate_ci_profile",
+    "running_config",
+    "session_of",
+]
+
+#: the session's ``GateSession``, made and registered by ``pytest_configure``
+SESSION = pytest.StashKey[GateSession]()
 
 
-def register_gate_ci_profile() -> None:
-    """Registers muongate's ``ci`` profile (200 examples, derandomized, no deadline).
-
-    Only where gates run, never at import: hypothesis has a ``ci`` profile of its own, which
-    it loads by itself where the ``CI`` variable is set, and registering a profile under the
-    name that is loaded loads it, so that every other project's tests on a CI machine with
-    muongate installed would run on muongate's settings."""
-    settings.register_profile(DEFAULT_PROFILE, _BASE, max_examples=200, derandomize=True)
-
-
-# muongate's own gates: the package beside ``harness``, in a checkout and in site-packages alike.
-GATES = Path(__file__).resolve().parents[2] / "gates"
-
-_NPROC = pytest.StashKey[int]()
-_GATES_SEEN = pytest.StashKey[bool]()
-_RESOLVED = pytest.StashKey[bool]()
-_RUNNER = pytest.StashKey[Any]()
-_SKIPS = pytest.StashKey[list[tuple[str, str]]]()
-_IMPL = pytest.StashKey[Any]()
-_ALGORITHM = pytest.StashKey[Any]()
-_KERNEL = pytest.StashKey[Any]()
-_MODEL = pytest.StashKey[Any]()
-_ENGINE = pytest.StashKey[Any]()
-_REPLAY = pytest.StashKey[Any]()
-_BASELINE = pytest.StashKey[Any]()
-_BASELINE_DIFF = pytest.StashKey[Any]()
-_DEVICES = pytest.StashKey[tuple[str, list[str]]]()
-_HEADER_SHOWN = pytest.StashKey[bool]()
-_CLEARED = pytest.StashKey[list[str]]()
-_UNJUDGED = pytest.StashKey[str]()
-#: the run's summary, read from its streams once, at the session's end
-_SUMMARY = pytest.StashKey[Any]()
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """The running session's configuration, as the plug-in resolved it."""
-
-    #: ranks in the pool (``--nproc``, or torchrun's world size)
-    nproc: int = 2
-    #: the family the session's candidate is judged against (``harness.algorithms.Algorithm``:
-    #: ``--reference``, the one ``--impl`` declares, or ``harness.algorithms.DEFAULT_REFERENCE``),
-    #: resolved at the end of collection, before any test runs (``None`` only until then)
-    algorithm: Any = field(default=None)
-    #: the sizes at which the candidate changes behaviour (``Candidate.thresholds``): drawn on both sides
-    thresholds: tuple[int, ...] = ()
-    #: the ``--engine`` the engine gates judge (``harness.engines.LoadedEngine``; ``None``: muongate's flat engine)
-    engine: Any = None
-    #: the capture ``--layout-from`` replays (``harness.replay.Replay``; ``None``: none)
-    replay: Any = None
-
-
-#: what the gate modules draw from (``GateConfig``, through ``harness.session``), refined as the plug-ins resolve
-GATE_CONFIG = pytest.StashKey[GateConfig]()
 #: the session collecting or running tests in this context (``running_config``): set and reset around
 #: them, so that nothing outlives a session and a session pytester starts inside another reads its own
 _RUNNING: ContextVar[pytest.Config] = ContextVar("muongate_session")
@@ -117,73 +62,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
-def _launched_by_torchrun() -> bool:
-    # Without RANK in the environment there is no torchrun, and no need to import the rank code.
-    if "RANK" not in os.environ:
-        return False
-    from harness.ranks import launched_by_torchrun
-
-    return launched_by_torchrun()
-
-
-def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
-    """The backend and one device per rank (under torchrun: this rank's device only)."""
-    import torch
-
-    wanted = config.getoption("gate_device")
-    if _launched_by_torchrun():
-        local = int(os.environ["LOCAL_RANK"])
-        if wanted != "cpu" and torch.cuda.device_count() > local:
-            return "nccl", [f"cuda:{local}"]
-        if wanted == "cuda":
-            raise pytest.UsageError(f"--gate-device cuda: local rank {local} has no GPU of its own")
-        return "gloo", ["cpu"]
-    # Under pytest-xdist each worker runs its own pool on its own block of GPUs.
-    workers, index = _xdist_workers(config)
-    gpus = torch.cuda.device_count() if wanted != "cpu" else 0
-    if wanted == "cuda" and gpus < nproc:
-        raise pytest.UsageError(
-            f"--gate-device cuda needs one GPU per rank: --nproc {nproc} but {gpus} GPU(s) are visible; "
-            f"try --nproc {max(gpus, 1)} or --gate-device cpu"
-        )
-    if wanted == "cuda" or (wanted == "auto" and gpus >= nproc):
-        if gpus < nproc * workers:
-            raise pytest.UsageError(
-                f"-n {workers} --nproc {nproc} needs {nproc * workers} GPUs (each xdist worker gets its own "
-                f"{nproc}); {gpus} are visible: try -n {gpus // nproc} or --gate-device cpu"
-            )
-        return "nccl", [f"cuda:{index * nproc + r}" for r in range(nproc)]
-    return "gloo", ["cpu"] * nproc
-
-
-def _workerinput(config: pytest.Config) -> dict[str, Any] | None:
-    """What xdist hands a worker's own config (``workerid``, ``workercount``); None in a
-    controller or without xdist. Never ``PYTEST_XDIST_WORKER``: a pytest session that an xdist
-    worker's test starts inherits that variable, and is no worker."""
-    return getattr(config, "workerinput", None)
-
-
-def _xdist_worker(config: pytest.Config) -> str | None:
-    """This xdist worker's id (``gw0`` …); None in a controller or without xdist."""
-    workerinput = _workerinput(config)
-    return str(workerinput["workerid"]) if workerinput else None
-
-
-def _xdist_workers(config: pytest.Config) -> tuple[int, int]:
-    """(number of xdist workers, this worker's index); (1, 0) without xdist."""
-    workerinput = _workerinput(config)
-    if workerinput:
-        return int(workerinput["workercount"]), int(str(workerinput["workerid"]).removeprefix("gw"))
-    count = getattr(config.option, "numprocesses", None)
-    return (count if isinstance(count, int) and count > 0 else 1), 0
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Checks every option value (before hypothesis's own plugin loads a profile); when the
-    options or the arguments say that the session runs gates, also resolves the devices and the
-    plug-ins now, so that their usage errors come before collection (and, under xdist, before
-    any worker starts)."""
+    """The markers; every option value checked (before hypothesis's own plugin loads a profile);
+    the session's object made and registered, which resolves the devices and the plug-ins at once
+    where the options or the arguments say that the session runs gates, so that their usage
+    errors come before collection (and, under xdist, before any worker starts)."""
     config.addinivalue_line("markers", "gate: a distributed equivalence claim run on the rank pool")
     config.addinivalue_line(
         "markers",
@@ -197,7 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     check_options(config)
     nproc = config.getoption("nproc")
-    if _launched_by_torchrun():
+    if launched_by_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if nproc is not None and nproc != world:
             raise pytest.UsageError(
@@ -206,129 +90,14 @@ def pytest_configure(config: pytest.Config) -> None:
         nproc = world
         if int(os.environ["RANK"]) != 0:
             config.option.verbose = -2  # rank 0 speaks for the job; the others report only failures
-    config.stash[_NPROC] = 2 if nproc is None else nproc
-    config.stash[_BASELINE] = _baseline(config)
-    if _is_xdist_controller(config):
-        # Workers stream to results-gwN.jsonl and the controller merges every such file in
-        # the directory at the end, so an earlier run's must go first, with its report.
-        _clear_report(config)
-    if _says_it_runs_gates(config):
-        _resolve(config)
+    session = GateSession(config, 2 if nproc is None else nproc)
+    config.stash[SESSION] = session
+    config.pluginmanager.register(session, "muongate-session")
 
 
-def _says_it_runs_gates(config: pytest.Config) -> bool:
-    """Whether an option that only gates use was given, or the session's arguments (or
-    testpaths) are muongate's gates, in them, or above them."""
-    if config.getoption("gate_device") != "auto":
-        return True
-    if any(
-        config.getoption(name) is not None
-        for name in ("nproc", "impl", "engine", "reference", "kernel", "model", "rank_threads", "layout_from")
-    ):
-        return True
-    for arg in config.args:
-        name = arg.split("::")[0]
-        paths = [Path(config.invocation_params.dir, name)]
-        top = name.split(".")[0]
-        if config.option.pyargs and top.isidentifier():
-            spec = importlib.util.find_spec(top)  # a top-level name: nothing is imported
-            if spec is not None and spec.origin is not None:
-                paths.append(Path(spec.origin).parent)
-        for path in paths:
-            path = path.resolve()
-            if path == GATES or GATES in path.parents or path in GATES.parents:
-                return True
-    return False
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Where configure saw that the session runs gates, their profile, now that hypothesis's
-    own plugin has loaded any ``--hypothesis-profile`` (and before the header shows it)."""
-    if session.config.stash.get(_RESOLVED, False):
-        _choose_profile(session.config)
-
-
-def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> None:
-    """A file of muongate's gates is about to be imported: its module-level ``settings()``
-    and ``MUONGATE_NPROC`` must see the session's profile and world size."""
-    if not parent.config.stash.get(_GATES_SEEN, False) and GATES in file_path.parents:
-        _choose_profile(parent.config)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The session collected gates: now, before any rank starts, the devices and the plug-ins
-    (a bad ``--impl`` is a usage error here when the arguments did not name the gates).
-
-    Under torchrun every rank runs this session and must run the same tests in the same
-    order. A plug-in that reorders tests per process (pytest-randomly draws its seed in each
-    one) made every gate fail with "rank 1 drew a different case than rank 0"; so, after
-    every other reordering, the tests run in the order of their files and lines."""
-    if config.stash.get(_GATES_SEEN, False) or any(_is_gate(item) for item in items):
-        _choose_profile(config)
-        _resolve(config)
-        _select_engine_gates(config, items)
-        if _launched_by_torchrun():
-            items.sort(key=lambda item: (str(item.path), item.location[1] or 0, item.nodeid))
-
-
-def _select_engine_gates(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The engine gates (marked ``engine``) run under ``--engine``, and only they do: the other
-    gates are deselected there, and the engine gates everywhere else, so that a session judges
-    either an optimizer or an engine (and the main job runs no engine)."""
-    engine = config.stash.get(_ENGINE, None) is not None
-    keep: list[pytest.Item] = []
-    drop: list[pytest.Item] = []
-    for item in items:
-        gate = item.get_closest_marker("gate") is not None
-        (keep if not gate or (item.get_closest_marker("engine") is not None) == engine else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
-def _is_gate(item: pytest.Item) -> bool:
-    uses = getattr(item, "fixturenames", ())
-    return item.get_closest_marker("gate") is not None or "gate_runner" in uses or "gate_model" in uses
-
-
-def _choose_profile(config: pytest.Config) -> None:
-    """Loads the gates' hypothesis profile, unless the user chose one: ``--hypothesis-profile``
-    (hypothesis's plugin loads it), ``MUONGATE_HYPOTHESIS_PROFILE``, or one their conftest
-    loaded; else ``ci``. Also tells the gate modules the pool's size (``harness.session``)."""
-    if config.stash.get(_GATES_SEEN, False):
-        return
-    config.stash[_GATES_SEEN] = True
-    _tell_gates(config)
-    current = settings.get_current_profile_name()
-    register_gate_ci_profile()  # where hypothesis had loaded its own ci (a CI machine), ours replaces it
-    if config.getoption("hypothesis_profile", None):
-        pass
-    elif os.environ.get(PROFILE_VARIABLE):
-        _load_profile(os.environ[PROFILE_VARIABLE])
-    elif current in ("default", DEFAULT_PROFILE) or current.startswith("default-with-"):
-        _load_profile(DEFAULT_PROFILE)
-    _fix_seed(config)
-    if _launched_by_torchrun():
-        # Every rank must draw the same examples in the same order: no randomness, no database.
-        settings.register_profile("torchrun", settings.default, derandomize=True, database=None)
-        settings.load_profile("torchrun")
-
-
-def _tell_gates(config: pytest.Config) -> None:
-    """What the gate modules draw from (``harness.session``): the pool's size and, once resolved, the reference."""
-    from harness.candidates import declaration_of
-
-    impl = config.stash.get(_IMPL, None)
-    thresholds = tuple(declaration_of(impl.factory).thresholds) if impl is not None else ()
-    config.stash[GATE_CONFIG] = GateConfig(
-        nproc=config.stash[_NPROC],
-        algorithm=config.stash.get(_ALGORITHM, None),
-        thresholds=thresholds,
-        engine=config.stash.get(_ENGINE, None),
-        replay=config.stash.get(_REPLAY, None),
-    )
+def session_of(config: pytest.Config) -> GateSession:
+    """The ``GateSession`` of ``config``'s pytest session."""
+    return config.stash[SESSION]
 
 
 @contextlib.contextmanager
@@ -352,11 +121,6 @@ def running_config() -> pytest.Config:
         ) from None
 
 
-def nproc_of(config: pytest.Config) -> int:
-    """The session's pool size (``--nproc``, or torchrun's world size)."""
-    return config.stash[_NPROC]
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_collection(session: pytest.Session) -> Iterator[None]:
     """The gate modules read the session's configuration (``harness.session``) while they are
@@ -372,471 +136,15 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         return (yield)
 
 
-def _load_profile(name: str) -> None:
-    current = settings.get_current_profile_name()
-    if current.startswith("default-with-"):
-        # hypothesis's plugin derived the default profile for --hypothesis-verbosity or
-        # --hypothesis-explain before the gates were seen; derive ours the same way.
-        derived = name + current.removeprefix("default")
-        here = settings()  # the current profile's values
-        settings.register_profile(derived, settings.get_profile(name), verbosity=here.verbosity, phases=here.phases)
-        name = derived
-    settings.load_profile(name)
-
-
-def _fix_seed(config: pytest.Config) -> None:
-    """Under a profile that draws at random, a session without ``--hypothesis-seed`` gets one,
-    so that its reproduce commands draw the same cases."""
-    import random
-
-    from hypothesis import core
-
-    if not settings().derandomize and config.getoption("hypothesis_seed", None) is None:
-        seed = random.randrange(2**32)
-        config.option.hypothesis_seed = str(seed)
-        core.global_force_seed = seed  # type: ignore[assignment]  # as hypothesis's plugin does with --hypothesis-seed
-
-
-def _resolve(config: pytest.Config) -> None:
-    """The devices and the plug-ins, once; any problem is a usage error."""
-    if config.stash.get(_RESOLVED, False):
-        return
-    config.stash[_DEVICES] = _resolve_device(config, config.stash[_NPROC])
-    config.stash[_IMPL] = _impl(config)
-    if config.getoption("probe_undeclared"):
-        if config.stash[_IMPL] is None:
-            raise pytest.UsageError("--probe-undeclared probes an --impl candidate: add --impl MODULE:FACTORY")
-        config.stash[_IMPL] = config.stash[_IMPL].probing()
-    config.stash[_ALGORITHM] = _algorithm(config)
-    if config.stash[_IMPL] is not None:
-        config.stash[_IMPL] = config.stash[_IMPL].judged_against(config.stash[_ALGORITHM])
-    config.stash[_ENGINE] = _engine(config)
-    config.stash[_REPLAY] = _replay(config)
-    _tell_gates(config)
-    config.stash[_KERNEL] = _kernel(config)
-    config.stash[_MODEL] = _model(config)
-    config.stash[_RESOLVED] = True
-
-
-def _is_xdist_controller(config: pytest.Config) -> bool:
-    return _xdist_workers(config)[0] > 1 and not _xdist_worker(config)
-
-
-def pytest_report_header(config: pytest.Config) -> list[str]:
-    """The muongate line, where the arguments named the gates; otherwise it waits for collection."""
-    if not config.stash.get(_RESOLVED, False):
-        return []
-    config.stash[_HEADER_SHOWN] = True
-    return [_header_line(config)]
-
-
-def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
-    """The muongate line, after collection, for gates that the arguments did not name."""
-    if not config.stash.get(_RESOLVED, False) or config.stash.get(_HEADER_SHOWN, False):
-        return []
-    if config.get_verbosity() < 0 or config.getoption("no_header", False):
-        return []  # where the header is not shown
-    return [_header_line(config)]
-
-
-def _header_line(config: pytest.Config) -> str:
-    import hypothesis
-    import torch
-
-    from harness.runinfo import muongate_commit, muongate_version
-    from reports.summary import identity
-
-    backend, devices = config.stash[_DEVICES]
-    return (
-        f"muongate {identity(muongate_version(), muongate_commit())}: torch {torch.__version__}, backend {backend} on {devices[0].split(':')[0]}, "
-        f"nproc {config.stash[_NPROC]}, hypothesis {hypothesis.__version__} profile "
-        f"{settings.get_current_profile_name()}"
-    )
-
-
 @pytest.fixture(scope="session")
 def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The session's ``GateRunner``: a rank pool plus the results stream."""
-    from harness.plugin.progress import CaseProgress, terminal
-    from harness.ranks import LauncherGroup, RankPool
-    from harness.reproduce import Rerun
-    from harness.runinfo import make_header
-    from harness.runner import GateRunner
-    from reports.stream import ResultStream
-
-    config = request.config
-    _choose_profile(config)  # already done where collection saw the gate; not for a dynamic request
-    _resolve(config)
-    nproc = config.stash[_NPROC]
-    backend, devices = config.stash[_DEVICES]
-    directory = config.getoption("gate_report")
-    worker = _xdist_worker(config)
-    name = f"results-{worker}.jsonl" if worker else "results.jsonl"
-    torchrun = _launched_by_torchrun()
-    writes_report = not torchrun or int(os.environ["RANK"]) == 0
-    if writes_report and not worker:
-        _clear_report(config)
-    stream = ResultStream(os.path.join(directory, name) if writes_report else None)
-    timeout = config.getoption("case_timeout")
-    pool: RankPool | LauncherGroup
-    replay = config.stash[_REPLAY]
-    grids = replay.grids if replay is not None else ()
-    if torchrun:
-        pool = LauncherGroup(backend=backend, device=devices[0], timeout_s=timeout, grids=grids)
-    else:
-        threads = config.getoption("rank_threads")
-        pool = RankPool(nproc, backend=backend, devices=devices, case_timeout_s=timeout, threads=threads, grids=grids)
-    tty = terminal() if writes_report else None
-    progress = CaseProgress.start(tty) if tty is not None else None
-    impl, kernel = config.stash[_IMPL], config.stash[_KERNEL]
-    against = config.getoption("against")
-    seed = config.getoption("hypothesis_seed", None)
-    rerun = Rerun(
-        device="cuda" if backend == "nccl" else "cpu",
-        profile=settings.get_current_profile_name(),
-        seed=None if seed is None else str(seed),
-        model=config.getoption("model"),
-        engine=config.getoption("engine"),
-        reference=config.getoption("reference"),
-        layout_from=str(replay.capture.path.resolve()) if replay is not None else None,
-    )
-    runner = GateRunner(
-        pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun,
-        algorithm=config.stash[_ALGORITHM],
-    )  # fmt: skip
-    runner.start(
-        make_header(
-            backend=backend,
-            devices=devices,
-            nproc=nproc,
-            hypothesis_profile=settings.get_current_profile_name(),
-            hypothesis_seed=None if seed is None else str(seed),
-            impl=impl.spec if impl else "distributed_impl:ShardedMuon",
-            probed=impl.probed if impl else (),
-            reference=config.stash[_ALGORITHM].spec,
-            kernel=kernel.spec if kernel else None,
-            against=against,
-            engine=config.stash[_ENGINE].spec if config.stash.get(_ENGINE, None) else "",
-            replayed=replay.lines if replay is not None else (),
-        )
-    )
-    config.stash[_RUNNER] = runner
-    _flush_skips(config)
-    try:
-        yield runner
-    finally:
-        if progress is not None:
-            progress.stop()
-        pool.close()
-        stream.close()
-
-
-def _clear_report(config: pytest.Config) -> None:
-    """The report directory holds this run's files only: an earlier run's are removed, once, and
-    the report line names them."""
-    from reports.files import clear_report
-
-    if _CLEARED not in config.stash:
-        config.stash[_CLEARED] = clear_report(config.getoption("gate_report"))
-
-
-def _impl(config: pytest.Config) -> Any:
-    from harness.candidates import Impl
-
-    return _load_plugin(config, "impl", Impl.load, "MODULE:FACTORY")
-
-
-def _engine(config: pytest.Config) -> Any:
-    from harness.engines import LoadedEngine
-
-    if config.getoption("engine") and config.getoption("impl"):
-        raise pytest.UsageError(
-            "--engine with --impl: the engine gates judge the engine's own optimizer, the others the candidate; use one"
-        )
-    return _load_plugin(config, "engine", LoadedEngine.load, "MODULE:FACTORY")
-
-
-def _replay(config: pytest.Config) -> Any:
-    """``--layout-from FILE`` as the cases the replay gate runs (``harness.replay``); a file that
-    cannot be read, or of which nothing can be replayed, is a usage error naming why."""
-    from harness.capture import CaptureError, load_capture
-    from harness.replay import replay
-
-    path = config.getoption("layout_from")
-    if path is None:
-        return None
-    try:
-        capture = load_capture(path)
-    except CaptureError as e:
-        raise pytest.UsageError(f"--layout-from {e}") from None
-    replayed = replay(capture, nproc=config.stash[_NPROC], algorithm=config.stash[_ALGORITHM])
-    if not replayed.meshes:
-        raise pytest.UsageError(f"--layout-from {path}: nothing of it can be replayed: {'; '.join(replayed.lines[1:])}")
-    return replayed
-
-
-def _algorithm(config: pytest.Config) -> Any:
-    """The session's reference (``harness.algorithms``): ``--reference``, else the one the
-    ``--impl`` candidate declares, else ``reference.Muon``; a conflict is a usage error."""
-    from harness.algorithms import FAMILIES, MUON, NO_REFERENCE, Algorithm
-
-    spec, impl = config.getoption("reference"), config.stash[_IMPL]
-    declared = impl.algorithm if impl is not None and impl.declares_reference else None
-    if spec is None:
-        return declared or MUON
-    algorithm = _load_plugin(config, "reference", Algorithm.load, "MODULE:CLASS")
-    if algorithm is NO_REFERENCE:
-        if impl is None or config.getoption("against") != "self":
-            raise pytest.UsageError(
-                "--reference none judges a candidate against itself on one device only: "
-                "add --impl MODULE:FACTORY --against self"
-            )
-        return algorithm
-    if declared is not None and declared.spec != algorithm.spec:
-        raise pytest.UsageError(
-            f"--reference {spec} with --impl {impl.spec}, which declares reference {declared.spec}: drop --reference"
-        )
-    if impl is not None and (refused := algorithm.unknown_causes(impl.differences)):
-        raise pytest.UsageError(f"--reference {spec} with --impl {impl.spec}: its Candidate {refused}")
-    if impl is None and algorithm.factory is not MUON.factory:
-        shipped = FAMILIES.get(algorithm.spec)
-        raise pytest.UsageError(
-            f"--reference {spec}: muongate's built-in candidate (distributed_impl:ShardedMuon) is a Muon; name a "
-            f"candidate of {algorithm.name} with --impl" + (f", e.g. --impl {shipped}" if shipped else "")
-        )
-    return algorithm
-
-
-def _model(config: pytest.Config) -> Any:
-    from harness.models.plugin import ModelCase
-
-    return _load_plugin(config, "model", ModelCase.load, "MODULE:FACTORY")
+    yield from session_of(request.config).start_runner()
 
 
 @pytest.fixture(scope="session")
 def gate_model(request: pytest.FixtureRequest) -> Any:
     """The ``--model`` factory's model as a training spec (``harness.models.plugin.ModelCase``), or ``None``."""
-    _resolve(request.config)
-    return request.config.stash[_MODEL]
-
-
-def _kernel(config: pytest.Config) -> Any:
-    from harness.candidates import Kernel
-
-    if config.getoption("kernel") and config.getoption("impl"):
-        raise pytest.UsageError("--kernel with --impl: a plug-in optimizer brings its own Newton-Schulz; use one")
-    return _load_plugin(config, "kernel", Kernel.load, "MODULE:FN")
-
-
-def _load_plugin(config: pytest.Config, option: str, load: Callable[[str], Any], form: str) -> Any:
-    """``--option MODULE:NAME`` (or ``path/to/file.py:NAME``) loaded by ``load``; any error in
-    importing its module, or in its declaration, is a one-line usage error."""
-    from harness.candidates.loading import PluginImportError, import_spec, is_file_spec
-
-    spec = config.getoption(option)
-    if spec is None:
-        return None
-    try:
-        named = import_spec(option, spec, form)  # the loaders, and the ranks, import the module by its name
-    except PluginImportError as e:
-        raise pytest.UsageError(str(e)) from e
-    if is_file_spec(spec):
-        # The reproduce commands repeat this option, and run from any directory.
-        module_part, _, attr = spec.rpartition(":")
-        setattr(config.option, option, f"{Path(module_part).resolve()}:{attr}")
-    try:
-        return load(named)
-    except (ImportError, AttributeError, TypeError, ValueError) as e:
-        said = str(e).removeprefix(f"--{option} {spec}: ").removeprefix(f"--{option} {named}: ")  # they name it too
-        # a name the module lacks, or that is not of the form, gets the form; a declaration it refuses does not
-        where = "" if isinstance(e, ValueError) else f"; expected {form} importable from here"
-        raise pytest.UsageError(f"--{option} {spec}: {said}{where}") from e
-
-
-def _baseline(config: pytest.Config) -> Any:
-    """The ``--gate-baseline`` figures, read now so that a bad file is a usage error, not a late crash."""
-    path = config.getoption("gate_baseline")
-    if path is None:
-        return None
-    import json
-
-    from reports.files import from_figures
-
-    try:
-        return from_figures(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise pytest.UsageError(
-            f"--gate-baseline {path}: {e}; expected the figures.json an earlier run wrote to its --gate-report directory"
-        ) from e
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """A gate's figures go into its report's properties (``--junitxml``); a failed gate shows
-    its verdict and hypothesis's notes; a skipped gate goes into the stream with its reason,
-    so the report shows what did not run."""
-    runner = item.config.stash.get(_RUNNER, None)
-    if call.when == "call" and runner is not None:
-        for gate, g in runner.figures.get(item.nodeid, {}).items():
-            figures = {
-                "cases": g.cases,
-                "failed": g.failed_cases,
-                "comparisons": g.comparisons,
-                "bitwise": g.bitwise,
-                "worst_max_abs_diff": g.worst_abs_diff or 0.0,
-            }
-            item.user_properties += [(f"{gate}.{key}", value) for key, value in figures.items()]
-    report = yield
-    failure = call.excinfo.value if call.excinfo is not None else None
-    if call.when == "call" and runner is not None:
-        runner.finished(item.nodeid, report.failed)
-    if runner is not None and report.failed and _is_already_shrunk(failure):
-        report.longrepr = str(failure)
-    if report.failed and isinstance(failure, pytest.fail.Exception) and not failure.pytrace:
-        # A verdict is shown without a traceback; what hypothesis adds to it (the falsifying
-        # example, the @reproduce_failure blob) still belongs under it.
-        notes = getattr(failure, "__notes__", [])
-        if notes:
-            report.longrepr = "\n".join([str(report.longrepr), *notes])
-    findings = _findings(failure)
-    if report.failed and findings:
-        # Hypothesis found several distinct failures (``harness.runner.FINDINGS``), each shrunk.
-        report.longrepr = "\n\n".join(
-            f"finding {i} of {len(findings)}: " + "\n".join([str(f), *getattr(f, "__notes__", [])])
-            for i, f in enumerate(findings, 1)
-        )
-    if report.skipped and item.get_closest_marker("gate") is not None:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        item.config.stash.setdefault(_SKIPS, []).append((item.nodeid, reason.removeprefix("Skipped: ")))
-        _flush_skips(item.config)
-    return report
-
-
-def _findings(failure: BaseException | None) -> list[BaseException]:
-    """The findings of a test that failed in several distinct ways (an exception group of them)."""
-    if not isinstance(failure, BaseExceptionGroup):
-        return []
-    from harness.runner import AlreadyShrunk, Finding
-
-    members = list(failure.exceptions)
-    return members if all(isinstance(m, (Finding, AlreadyShrunk)) for m in members) else []
-
-
-def _is_already_shrunk(failure: BaseException | None) -> bool:
-    from harness.runner import AlreadyShrunk
-
-    return isinstance(failure, AlreadyShrunk)
-
-
-def _flush_skips(config: pytest.Config) -> None:
-    runner = config.stash.get(_RUNNER, None)
-    if runner is not None:
-        for gate, reason in config.stash.get(_SKIPS, []):
-            runner.skip(gate, reason)
-        config.stash[_SKIPS] = []
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test marked ``judges`` did not run an ``--impl`` candidate: it never reports on one."""
-    marker = item.get_closest_marker("judges")
-    impl = item.config.stash.get(_IMPL, None)
-    if marker is not None and impl is not None:
-        pytest.skip(f"judges {marker.args[0]}, not {impl.spec}; it runs without --impl")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item: pytest.Item) -> None:
-    runner = item.config.stash.get(_RUNNER, None)
-    if runner is not None:
-        marker = item.get_closest_marker("judges")
-        runner.begin(item.nodeid, str(item.path), "candidate" if marker is None else marker.args[1])
-
-
-def _streams(config: pytest.Config) -> list[Path]:
-    """This session's result streams: its own, or (xdist controller) every worker's."""
-    runner = config.stash.get(_RUNNER, None)
-    if runner is not None and runner.stream.path is not None:
-        return [runner.stream.path]
-    if _is_xdist_controller(config):
-        return sorted(Path(config.getoption("gate_report")).glob("results-gw*.jsonl"))
-    return []
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A session that named a candidate (``--impl``, ``--engine``) and judged nothing of it fails,
-    naming why, unless ``--allow-unjudged``; with ``--gate-baseline``, a regression against the
-    stored figures fails it too."""
-    config = session.config
-    streams = _streams(config)
-    if not streams:
-        return
-    from reports.stream import read_streams
-    from reports.summary import summarize, unjudged_reason
-
-    summary = config.stash[_SUMMARY] = summarize(read_streams(streams))
-    named = config.getoption("impl") or config.getoption("engine")
-    why = unjudged_reason(summary) if named else ""
-    if why:
-        config.stash[_UNJUDGED] = why
-        if not config.getoption("allow_unjudged") and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    baseline = config.stash.get(_BASELINE, None)
-    if baseline is None:
-        return
-    from reports.diff import diff_runs
-
-    diff = diff_runs(baseline, summary)
-    config.stash[_BASELINE_DIFF] = diff
-    if diff.regressed and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    streams = _streams(config)
-    if not streams:
-        return
-    from rich.console import Console
-
-    from reports.diff import render_diff
-    from reports.files import write_files
-    from reports.markdown import to_markdown
-    from reports.stream import read_streams
-    from reports.summary import summarize
-    from reports.terminal import render
-
-    # Read once, in pytest_sessionfinish, which runs first: the streams can hold thousands of records.
-    summary = config.stash.get(_SUMMARY, None) or summarize(read_streams(streams))
-    console = Console(  # no emoji: "examples.hf_llama:llama" is a spec, not ":llama:"
-        file=terminalreporter._tw._file,
-        width=terminalreporter._tw.fullwidth if terminalreporter._tw._file.isatty() else 140,  # a log: lines whole
-        no_color="CI" in os.environ,
-        emoji=False,
-    )
-    console.print(render(summary), crop=False)  # a reproduce command stays whole, to be copied
-    directory = streams[0].parent
-    write_files(summary, directory)
-    names = ", ".join(p.name for p in streams)
-    cleared = config.stash.get(_CLEARED, [])
-    removed = f" (an earlier run's {', '.join(cleared)} removed)" if cleared else ""
-    terminalreporter.write_line(
-        f"muongate report: {directory}/equivalence.html, equivalence.md, figures.json, {names}{removed}"
-    )
-    why = config.stash.get(_UNJUDGED, "")
-    if why:
-        allowed = config.getoption("allow_unjudged")
-        terminalreporter.write_line(
-            f"muongate: NOT JUDGED: {why}" + (" (--allow-unjudged)" if allowed else "; --allow-unjudged accepts that"),
-            yellow=allowed,
-            red=not allowed,
-            bold=True,
-        )
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as f:
-            f.write(to_markdown(summary))
-    diff = config.stash.get(_BASELINE_DIFF, None)
-    if diff is not None:
-        console.print(render_diff(diff))
-        for line in diff.messages():
-            terminalreporter.write_line(f"REGRESSION against {config.getoption('gate_baseline')}: {line}", red=True)
+    session = session_of(request.config)
+    session.resolve()
+    return session.model
