@@ -20,12 +20,16 @@ an empty piece), noted in the example.
 
 QK-clip's controls (``QK_CLIP_CONTROLS``, the QK-clip gate's) plant a bug in muongate's sharded
 QK-clip (``distributed_impl.qk_clip``): a rank-local maximum logit, never reduced over the
-replicas (they diverge at once); each rank's rows taken as the whole projection's heads.
+replicas (they diverge at once); each rank's rows taken as the whole projection's heads; the
+master copy left unclipped (``MasterCopyMuon``: an optimizer that keeps its own copy of each
+weight, as mixed-precision optimizers keep fp32 masters, and writes the weight from it at every
+step, so that a clip of the weight alone is undone by the next step).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import replace
 from typing import Any, cast
 
@@ -36,7 +40,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from distributed_impl import ShardedMuon
-from distributed_impl.qk_clip import batch_max, clip_pair
+from distributed_impl.qk_clip import batch_max, clip_pair, sharded_qk_clip
 from harness.candidates import Candidate
 from harness.cases import Case
 from harness.layouts import EP_EFSDP, Layout
@@ -149,10 +153,67 @@ def LocalHeadsQKClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
     return ShardedMuon(param_groups, **settings)
 
 
+#: each ``MasterCopyMuon`` weight's master copy (this rank's piece), by the weight's ``id`` (a
+#: tensor is no dictionary key: it compares by value), dropped with the weight
+_MASTERS: dict[int, Tensor] = {}
+
+
+def _piece(p: Tensor) -> Tensor:
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+class MasterCopyMuon(ShardedMuon):
+    """``ShardedMuon`` that keeps a master copy of each weight beside the model's, as
+    mixed-precision optimizers keep fp32 masters (Megatron's, DeepSpeed's): every step starts
+    from the masters and writes the weights from them. The copies have the weights' dtype, so
+    its arithmetic is ``ShardedMuon``'s; a change made to a weight alone between steps is lost."""
+
+    def __init__(self, params: Any, **settings: Any) -> None:
+        super().__init__(params, **settings)
+        for p in self._weights():
+            _MASTERS[id(p)] = _piece(p).detach().clone()
+            weakref.finalize(p, _MASTERS.pop, id(p), None)
+
+    def _weights(self) -> list[Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for p in self._weights():
+            _piece(p).copy_(_MASTERS[id(p)])
+        loss = super().step(closure)
+        for p in self._weights():
+            _MASTERS[id(p)].copy_(_piece(p))
+        return loss
+
+
+@torch.no_grad()
+def _masters_qk_clip(model: nn.Module, pairs: Any, tau: float, alpha: float) -> None:
+    """muongate's sharded QK-clip of the weights, and of their masters."""
+    pairs = list(pairs)
+    sharded_qk_clip(model, pairs, tau, alpha)
+    for q_name, k_name, _ in pairs:
+        for p in (model.get_parameter(q_name), model.get_parameter(k_name)):
+            _MASTERS[id(p)].copy_(_piece(p))
+
+
+@_declared(qk_clip=_masters_qk_clip)
+def MasterQKClipMuon(param_groups: Any, **settings: Any) -> MasterCopyMuon:
+    """Master copies, each clipped with its weight: no bug planted."""
+    return MasterCopyMuon(param_groups, **settings)
+
+
+@_declared(qk_clip=sharded_qk_clip)
+def MasterUnclippedQKClipMuon(param_groups: Any, **settings: Any) -> MasterCopyMuon:
+    """Master copies, the weights clipped and their masters not."""
+    return MasterCopyMuon(param_groups, **settings)
+
+
 #: QK-clip's controls
 QK_CLIP_CONTROLS: dict[str, Any] = {
     "LocalMaxQKClipMuon": LocalMaxQKClipMuon,
     "LocalHeadsQKClipMuon": LocalHeadsQKClipMuon,
+    "MasterUnclippedQKClipMuon": MasterUnclippedQKClipMuon,
 }
 
 

@@ -8,7 +8,8 @@ declares (``Candidate.qk_clip``; muongate's ``ShardedMuon`` declares
 ``distributed_impl.qk_clip.sharded_qk_clip``).
 
 Negative controls (``clip_controls.QK_CLIP_CONTROLS``): the rank-local maximum logit; each
-rank's rows taken as the whole projection's heads.
+rank's rows taken as the whole projection's heads; an optimizer's master copies left unclipped,
+beside an unplanted twin that clips them too.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 
-from gates.clip_controls import QK_CLIP_CONTROLS
+from gates.clip_controls import QK_CLIP_CONTROLS, MasterQKClipMuon
 from harness.cases import Case, qk_clip_cases
 from harness.runner.ran import differed
 from harness.session import drawn, gate_config
@@ -33,6 +34,14 @@ def test_qk_clip_after_each_step_matches_reference_bitwise_on_every_layout(gate_
     gate_runner.declares("qk_clip", "qk_clip", "QK-clip")
     gate_runner.reference_only("qk_clip")
     gate_runner.check("qk_clip", case)
+
+
+@pytest.mark.judges("muongate's QK-clip gate, with planted QK-clip bugs (negative controls)", "muongate: gates")
+@given(case=drawn(lambda s: qk_clip_cases(max_world=s.nproc)))
+@settings(max_examples=max(5, settings().max_examples // 10))
+def test_unplanted_master_copies_clipped_with_their_weights_match_the_reference(gate_runner: Any, case: Case) -> None:
+    """The master-copy control is built on a correct optimizer: the unclipped master is its only bug."""
+    gate_runner.check("negative:qk_clip-unplanted", replace(case, candidate=MasterQKClipMuon))
 
 
 @pytest.mark.judges("muongate's QK-clip gate, with planted QK-clip bugs (negative controls)", "muongate: gates")
