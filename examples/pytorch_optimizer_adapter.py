@@ -1,7 +1,10 @@
 """``pytorch-optimizer`` 4.1.0 (``pip install --no-deps pytorch-optimizer==4.1.0``) through the
 gates: its ``Muon`` (``--impl examples.pytorch_optimizer_adapter:muon``), its ``DistributedMuon``
-(``…:distributed_muon``) and its ``NorMuon`` (``…:normuon``, and ``…:normuon_rms`` with
-``update_scale="match_rms"``), the last judged against ``reference.NorMuon``.
+(``…:distributed_muon``), its ``NorMuon`` (``…:normuon``, and ``…:normuon_rms`` with
+``update_scale="match_rms"``), judged against ``reference.NorMuon``, and its ``MuonClip``
+(``…:muon_clip``): its Muon step (momentum summed, no Nesterov, Moonlight's lr scale) and its
+QK-clip, declared as ``Candidate.qk_clip`` (``muon_clip_qk_clip``: the package's own clipping
+code, handed the maxima reduced over the mesh, as its ``step`` asks its caller to).
 
 ``Muon`` says it "supports FSDP2 DTensor parameters with eager optimizer steps": it takes the
 harness's DTensors as they come. Momentum is elementwise on each rank's piece; each matrix is
