@@ -183,13 +183,13 @@ def main(rank, world, dev, port):
 
     stage(rank, "DTensor distribute/full_tensor/redistribute", dtensor)
 
-    def fsdp():
+    def fsdp(on):
         m = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Linear(6, 2)).to(d)
-        fully_shard(m, mesh=mesh)
+        fully_shard(m, mesh=on)
         m(torch.randn(3, 5, device=d)).sum().backward()
         return [tuple(p.grad.to_local().shape) for p in m.parameters()]
 
-    stage(rank, "FSDP2 forward and backward", fsdp)
+    stage(rank, "FSDP2 forward and backward", lambda: fsdp(mesh))
     if world == 4:
         grid = torch.arange(4).reshape(2, 2)
         dims = []
@@ -219,13 +219,7 @@ def main(rank, world, dev, port):
 
         stage(rank, "DTensor on a 2x2 mesh: full_tensor, redistribute, matmul", dtensor2)
 
-        def hsdp():
-            m = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Linear(6, 2)).to(d)
-            fully_shard(m, mesh=mesh2)
-            m(torch.randn(3, 5, device=d)).sum().backward()
-            return [tuple(p.grad.to_local().shape) for p in m.parameters()]
-
-        stage(rank, "HSDP (FSDP2 on the 2x2 mesh) forward and backward", hsdp)
+        stage(rank, "HSDP (FSDP2 on the 2x2 mesh) forward and backward", lambda: fsdp(mesh2))
     faulthandler.cancel_dump_traceback_later()
 
 

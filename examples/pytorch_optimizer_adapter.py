@@ -41,11 +41,11 @@ import dataclasses
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from pytorch_optimizer import DistributedMuon, Muon, MuonClip, NorMuon
 from torch import Tensor, nn
 
 import reference
+from distributed_impl.qk_clip import batch_max
 from examples.full_copies import LAYOUTS, FullCopies
 from harness.candidates import Candidate
 
@@ -122,14 +122,11 @@ class _QKClipOnly(MuonClip, _WithoutStep):
 @torch.no_grad()
 def muon_clip_qk_clip(model: nn.Module, pairs: list[tuple[str, str, Tensor]], tau: float, alpha: float) -> None:
     """Its ``MuonClip``'s QK-clip of each ``(query, key, this rank's maxima)``: the maxima are first
-    reduced over every rank of the projections' mesh, as its ``step`` asks its caller to, and then
-    handed to its own clipping code (``_QKClipOnly``)."""
+    reduced over every rank of the projections' mesh (muongate's ``batch_max``), as its ``step``
+    asks its caller to, and then handed to its own clipping code (``_QKClipOnly``)."""
     for q_name, k_name, observed in pairs:
         q, k = model.get_parameter(q_name), model.get_parameter(k_name)
-        largest = observed.detach().to(torch.float32, copy=True).to(q.to_local().device)
-        mesh = q.device_mesh
-        for dim in range(mesh.ndim):
-            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+        largest = batch_max(q, observed)
         groups = [
             {"params": [q], "use_muon": True, "qk_clip": "query", "attention_name": "attention"},
             {"params": [k], "use_muon": True, "qk_clip": "key", "attention_name": "attention"},

@@ -17,12 +17,8 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from harness.tasks.common import local_piece
+from harness.tasks.common import local_of, local_piece
 from reference import ADAMW_DEFAULTS, QUANTIZED, AdamW, LowBitAdamW, adam_step, init_adam_state, quantized
-
-
-def _local(t: Tensor) -> Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class PlantedAdamW(AdamW):
@@ -39,7 +35,7 @@ class PlantedAdamW(AdamW):
 
     def update(self, p: Tensor, grad: Tensor, state: dict[str, Any], settings: dict[str, Any]) -> None:
         """One parameter's step; the step a control may get wrong."""
-        adam_step(_local(p), _local(grad), state, **settings)
+        adam_step(local_of(p), local_of(grad), state, **settings)
 
 
 class RankStepAdamW(PlantedAdamW):
@@ -54,14 +50,14 @@ class RankStepAdamW(PlantedAdamW):
         for group in self.param_groups:
             settings = {k: group[k] for k in ADAMW_DEFAULTS}
             for p in group["params"]:
-                if p.grad is not None and _local(p).numel():
+                if p.grad is not None and local_of(p).numel():
                     state = self.state[p]
                     if "step" not in state:
                         init_adam_state(
-                            _local(p), state, amsgrad=settings["amsgrad"], state_dtype=settings["state_dtype"]
+                            local_of(p), state, amsgrad=settings["amsgrad"], state_dtype=settings["state_dtype"]
                         )
                     state["step"].fill_(self._rank_step)
-                    adam_step(_local(p), _local(cast(Tensor, p.grad)), state, **settings)
+                    adam_step(local_of(p), local_of(cast(Tensor, p.grad)), state, **settings)
                     moved = True
         self._rank_step += moved
         return None
@@ -101,7 +97,7 @@ class PlantedLowBitAdamW(LowBitAdamW):
                 if p.grad is None:
                     continue
                 state = self.state[p]
-                adam_step(_local(p), _local(cast(Tensor, p.grad)), state, **settings)
+                adam_step(local_of(p), local_of(cast(Tensor, p.grad)), state, **settings)
                 for key, levels in QUANTIZED.items():
                     if key in state:
                         coded = self.codes(p, state[key], group["block_size"], levels)
@@ -137,7 +133,7 @@ class LocalThresholdAdamW(PlantedLowBitAdamW):
     keeps float32 moments on ranks whose piece is small."""
 
     def quantizes(self, p: Tensor, least: int) -> bool:
-        return _local(p).numel() >= least
+        return local_of(p).numel() >= least
 
 
 LOWBIT_CONTROLS: dict[str, type[PlantedLowBitAdamW]] = {

@@ -45,6 +45,7 @@ from harness.candidates import Candidate
 from harness.cases import Case
 from harness.layouts import EP_EFSDP, Layout
 from harness.replay import built_placements, local_shapes
+from harness.tasks.common import local_of
 from reference.clipping import clip_coefficient
 from reference.qk_clip import clip_factors
 
@@ -57,7 +58,7 @@ def planted_clip(model: nn.Module, max_norm: float, norm_type: float, bug: str |
     grads = [q.grad for q in params if q.grad is not None]
     total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
     for g in grads:
-        local = (g.to_local() if isinstance(g, DTensor) else g).float().abs()
+        local = local_of(g).float().abs()
         part = (local.amax() if local.numel() else local.new_zeros(())) if infinite else local.pow(p).sum()
         if isinstance(g, DTensor):
             for dim, placement in enumerate(g.placements):
@@ -69,7 +70,7 @@ def planted_clip(model: nn.Module, max_norm: float, norm_type: float, bug: str |
     norm = total if infinite else total.pow(1.0 / p)
     coefficient = clip_coefficient(norm, max_norm)
     for g in {id(q.grad): q.grad for q in params if q.grad is not None}.values():
-        (g.to_local() if isinstance(g, DTensor) else g).mul_(coefficient)
+        local_of(g).mul_(coefficient)
     return norm
 
 
@@ -158,10 +159,6 @@ def LocalHeadsQKClipMuon(param_groups: Any, **settings: Any) -> ShardedMuon:
 _MASTERS: dict[int, Tensor] = {}
 
 
-def _piece(p: Tensor) -> Tensor:
-    return p.to_local() if isinstance(p, DTensor) else p
-
-
 class MasterCopyMuon(ShardedMuon):
     """``ShardedMuon`` that keeps a master copy of each weight beside the model's, as
     mixed-precision optimizers keep fp32 masters (Megatron's, DeepSpeed's): every step starts
@@ -171,7 +168,7 @@ class MasterCopyMuon(ShardedMuon):
     def __init__(self, params: Any, **settings: Any) -> None:
         super().__init__(params, **settings)
         for p in self._weights():
-            _MASTERS[id(p)] = _piece(p).detach().clone()
+            _MASTERS[id(p)] = local_of(p).detach().clone()
             weakref.finalize(p, _MASTERS.pop, id(p), None)
 
     def _weights(self) -> list[Tensor]:
@@ -180,10 +177,10 @@ class MasterCopyMuon(ShardedMuon):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         for p in self._weights():
-            _piece(p).copy_(_MASTERS[id(p)])
+            local_of(p).copy_(_MASTERS[id(p)])
         loss = super().step(closure)
         for p in self._weights():
-            _MASTERS[id(p)].copy_(_piece(p))
+            _MASTERS[id(p)].copy_(local_of(p))
         return loss
 
 
@@ -194,7 +191,7 @@ def _masters_qk_clip(model: nn.Module, pairs: Any, tau: float, alpha: float) -> 
     sharded_qk_clip(model, pairs, tau, alpha)
     for q_name, k_name, _ in pairs:
         for p in (model.get_parameter(q_name), model.get_parameter(k_name)):
-            _MASTERS[id(p)].copy_(_piece(p))
+            _MASTERS[id(p)].copy_(local_of(p))
 
 
 @_declared(qk_clip=_masters_qk_clip)

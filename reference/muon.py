@@ -779,14 +779,11 @@ class Muon(torch.optim.Optimizer):
             state["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         state["step"] += 1
         form = form_of(group, "adamw_form")
-        hyper = dict(
-            lr=group["adamw_lr"],
-            betas=group["adamw_betas"],
-            eps=group["adamw_eps"],
-            weight_decay=group["adamw_weight_decay"],
-        )
-        if form != "keller":
-            hyper["squares"] = "lerp" if form == "lerp" else "addcmul"
-        t = group["step"] if form_of(group, "adamw_steps") == "group" else state["step"]
-        update = keller_adam_update if form == "keller" else adamw_update
-        update(p, grad, state["exp_avg"], state["exp_avg_sq"], cast(int, t), **hyper)
+        t = cast(int, group["step"] if form_of(group, "adamw_steps") == "group" else state["step"])
+        moments = (p, grad, state["exp_avg"], state["exp_avg_sq"], t)
+        lr, betas, eps, wd = group["adamw_lr"], group["adamw_betas"], group["adamw_eps"], group["adamw_weight_decay"]
+        if form == "keller":
+            keller_adam_update(*moments, lr=lr, betas=betas, eps=eps, weight_decay=wd)
+        else:
+            squares: Literal["addcmul", "lerp"] = "lerp" if form == "lerp" else "addcmul"
+            adamw_update(*moments, lr=lr, betas=betas, eps=eps, weight_decay=wd, squares=squares)
