@@ -143,6 +143,15 @@ def test_torch_clip_grad_norm_inf_fails_on_an_empty_fsdp2_piece() -> None:
     )
 
 
+@pytest.mark.slow
+def test_torch_gloo_threads_outlive_destroy_process_group_after_fully_shard() -> None:
+    run = _run("torch_gloo_threads_outlive_destroy.py")
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "a plain job []; after fully_shard ['gloo_tcp_loop', 'pt_gloo_runloop', 'pt_gloo_runloop']" in run.stdout, (
+        run.stdout
+    )
+
+
 def test_deepspeed_clips_muon_s_orthogonalized_update_at_zero_stages_1_to_3() -> None:
     _needs_deepspeed()
     run = _run("deepspeed_muon_clips_the_update.py")

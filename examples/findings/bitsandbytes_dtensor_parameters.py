@@ -14,6 +14,7 @@ says it has not verified itself under sharding: FSDP2 users must step the local 
 themselves, where its 4096-element threshold would count a shard, not the parameter.
 """
 
+import os
 import sys
 
 import bitsandbytes as bnb
@@ -43,4 +44,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Leave without the interpreter's teardown: gloo's threads outlive destroy_process_group after
+    # DTensor and can abort the job there (findings/torch_gloo_threads_outlive_destroy.py).
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)

@@ -25,6 +25,7 @@ The single-device side runs ``foreach=False, batched_ns=False``, the arithmetic 
 runs, so that only the distribution differs (``optimuon_paths_differ.py`` shows why).
 """
 
+import os
 import sys
 
 import torch
@@ -73,4 +74,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Leave without the interpreter's teardown: gloo's threads outlive destroy_process_group after
+    # DTensor and can abort the job there (findings/torch_gloo_threads_outlive_destroy.py).
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)

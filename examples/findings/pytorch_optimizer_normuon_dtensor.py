@@ -14,6 +14,7 @@ this is a limit of the package, not a broken promise; muongate runs it on full c
 would give it (``examples/pytorch_optimizer_adapter.py``).
 """
 
+import os
 import sys
 
 import torch
@@ -49,4 +50,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Leave without the interpreter's teardown: gloo's threads outlive destroy_process_group after
+    # DTensor and can abort the job there (findings/torch_gloo_threads_outlive_destroy.py).
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)
