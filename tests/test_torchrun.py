@@ -79,3 +79,18 @@ def test_two_simulated_nodes_run_the_gates_and_write_one_report(tmp_path: Path) 
         "figures.json",
         "results.jsonl",
     ]
+
+
+@pytest.mark.slow
+def test_a_torchrun_rank_exits_with_its_session_s_status_when_a_gate_fails(tmp_path: Path) -> None:
+    """The ranks leave with ``os._exit`` (matrix finding 35): a red gate still makes torchrun red."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "pytest", str(REPO / "gates" / "test_optimizer_gates.py"), "-m", "gate", "-k", "hand_picked_edge",
+        "-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "--gate-report", str(tmp_path / "report"),
+        "--impl", "gates.negative_controls:LocalRowsMuon",
+    ]  # fmt: skip
+    run = subprocess.run(command, cwd=tmp_path, env=repo_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert "failed" in run.stdout and "muongate report" in run.stdout, run.stdout[-3000:]
+    assert "terminate called" not in run.stderr, run.stderr[-3000:]

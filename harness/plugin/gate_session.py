@@ -101,6 +101,8 @@ class GateSession:
         self.model: Any = None
         #: the runner, from the ``gate_runner`` fixture's start until the session ends
         self.runner: Any = None
+        #: the pytest session, from its finish: under torchrun its exit status is the rank's
+        self.session: pytest.Session | None = None
         #: gates skipped before the runner started, handed to it once it has
         self.skips: list[tuple[str, str]] = []
         self.header_shown = False
@@ -510,6 +512,7 @@ class GateSession:
         """A session that named a candidate (``--impl``, ``--engine``) and judged nothing of it fails,
         naming why, unless ``--allow-unjudged``; with ``--gate-baseline``, a regression against the
         stored figures fails it too."""
+        self.session = session
         config = self.config
         streams = self._streams()
         if not streams:
@@ -531,6 +534,20 @@ class GateSession:
         self.baseline_diff = diff_runs(self.baseline, summary)
         if self.baseline_diff.regressed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """A torchrun rank whose process group ran leaves here, with the session's exit status and
+        without the interpreter's teardown: torch's gloo threads outlive ``destroy_process_group``
+        once DTensor ran, and can abort a finished rank there (matrix finding 35,
+        ``examples/findings/torch_gloo_threads_outlive_destroy.py``). The pool's ranks leave so too."""
+        if self.runner is None or not launched_by_torchrun():
+            return
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(self.session.exitstatus) if self.session is not None else 1)
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         streams = self._streams()
