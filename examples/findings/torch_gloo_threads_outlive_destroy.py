@@ -7,12 +7,12 @@ each job are spawned; exits 1 while the finding holds, 0 once it is gone).
 A plain gloo job that gathers, then destroys its group, is left with the interpreter's thread
 alone: ``~ProcessGroupGloo`` joined gloo's three (``gloo_tcp_loop`` and two
 ``pt_gloo_runloop``). The same job that first lays a two-layer model out with ``fully_shard``
-is left with all four, even after the model, its mesh and the optimizer are gone and the
-garbage is collected: something outside Python's objects (no Python container refers to the
+is left with gloo's three, even after the model and its mesh are gone and the garbage is
+collected: something outside Python's objects (no Python container refers to the
 group) keeps the mesh's group alive, so its threads live on into the interpreter's teardown.
 
-The harm, seen in ``examples/capture_job.py`` (``torchrun``, 2 ranks, 2 of 80 runs on a
-2-core machine beside two CPU burners, and in CI): a ``pt_gloo_runloop`` thread frees the last
+The harm, seen in ``examples/capture_job.py`` (``torchrun``, 2 ranks, 3 of 80 runs on a
+2-core machine beside two CPU burners, and in CI; 0 of 80 once it left with ``os._exit``): a ``pt_gloo_runloop`` thread frees the last
 collective it finished (a barrier holding the all-gather before it) after the main thread has
 gone into ``Py_FinalizeEx``; freeing a tensor that has a Python object takes the GIL, the
 finalizing interpreter ends the thread with ``pthread_exit``, whose unwinding through a
