@@ -14,7 +14,7 @@ reference's own (``normalize_neurons``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
@@ -31,6 +31,9 @@ class ShardedNorMuon(ShardedMuon, NorMuon):
     """NorMuon for sharded hidden matrices and AdamW for the rest; the settings of
     ``reference.NorMuon``, and the layouts of ``ShardedMuon``. ``mode`` is ``"all_ranks"``
     only: the owner split would have to carry the statistics to each matrix's owner."""
+
+    #: ``ShardedMuon``'s declaration, judged against NorMuon: ``--impl`` alone picks the reference
+    muongate: ClassVar[dict[str, Any]] = {**ShardedMuon.muongate, "reference": NorMuon}
 
     def __init__(self, params: Iterable[Any], *, mode: Mode = "all_ranks", **settings: Any) -> None:
         if mode != "all_ranks":

@@ -592,12 +592,12 @@ def test_signed_zeros_are_within_the_signed_zero_cause_and_any_value_that_differ
 
 @pytest.mark.slow
 def test_sharded_normuon_is_judged_bitwise_against_reference_normuon(tmp_path: Path) -> None:
-    """A family beside Muon: ``--reference reference:NorMuon`` draws NorMuon's settings and
-    conventions, and ``distributed_impl:ShardedNorMuon`` matches it bit for bit on FSDP2, 3-D
+    """A family beside Muon: ``distributed_impl:ShardedNorMuon`` declares ``reference.NorMuon``, so
+    ``--impl`` alone draws NorMuon's settings and conventions, and it matches them bit for bit on FSDP2, 3-D
     stacks and tensor parallelism; Muon's own claims (the spectrum, the bf16 ties, the causes)
     skip, naming the CLAIMS it does not declare."""
     result = _run(
-        tmp_path, "--impl", "distributed_impl:ShardedNorMuon", "--reference", "reference:NorMuon",
+        tmp_path, "--impl", "distributed_impl:ShardedNorMuon",
         "-k", "one_sharded_step or several_steps or fsdp_tp_layouts or bf16_rounding_ties", "-rs",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
