@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,13 @@ def _needs_deepspeed() -> None:
 
 def _run(script: str, *args: str, nproc: int = 0) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": ""}  # the package and torch, never muongate
-    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc else []
+    # --no-python: the ranks run without torchrun's -u, so that a print is one write and two
+    # ranks' lines do not interleave (under -u its text and its newline are two)
+    launch = (
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "--no-python", sys.executable]
+        if nproc
+        else []
+    )
     return run_python(*launch, FINDINGS / script, *args, env=env, timeout=300)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,12 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _torchrun(script: str, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
+    # --no-python: the ranks run without torchrun's -u, so that a print is one write and two
+    # ranks' lines do not interleave (under -u its text and its newline are two)
     return _run(
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(FINDINGS / script), *args
-    )
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "--no-python",
+        sys.executable, str(FINDINGS / script), *args,
+    )  # fmt: skip
 
 
 def test_muon_fsdp2_single_device_path_raises_name_error() -> None:

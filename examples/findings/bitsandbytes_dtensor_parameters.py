@@ -39,6 +39,7 @@ def main() -> int:
         except (RuntimeError, NotImplementedError) as e:
             print(f"rank {rank}: [{features}, 64]: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
             failed = 1
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return failed
 

@@ -167,8 +167,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # Leave without the interpreter's teardown: gloo's threads outlive destroy_process_group after
-    # DTensor and can abort the job there (findings/torch_gloo_threads_outlive_destroy.py).
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)
+    sys.exit(main())

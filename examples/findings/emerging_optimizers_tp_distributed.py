@@ -50,6 +50,7 @@ def main() -> None:
             f"{(modes['distributed'] - modes['duplicated']).abs().max().item():.3g}",
             flush=True,
         )
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
 
 

@@ -43,6 +43,7 @@ def main() -> int:
         f"(the step moved the weight by up to {moved:.3g})",
         flush=True,
     )
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return 1 if off else 0
 

@@ -38,6 +38,7 @@ def main() -> int:
     print(
         f"momentum buffer after one step, Nesterov off: off by {off:.3g} (largest expected entry {expected.abs().max().item():.3g})"
     )
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return 1 if off > 1e-6 else 0
 

@@ -69,6 +69,7 @@ def main() -> int:
             print(
                 f"matrix {i}: DDP path {'==' if same else '!='} single-device path, max|diff| {(a - b).abs().max():.3g}"
             )
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return 1 if differs else 0
 

@@ -69,6 +69,7 @@ def main() -> int:
     results = [clip(tensor_parallel) for tensor_parallel in (False, True)]
     for _, said in results:
         print(f"rank {rank}: {said}", flush=True)
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return 0 if all(ok for ok, _ in results) else 1
 

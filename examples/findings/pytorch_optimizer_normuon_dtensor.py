@@ -45,6 +45,7 @@ def main() -> int:
     results = {name: step(opt, mesh) for name, opt in (("Muon", Muon), ("NorMuon", NorMuon))}
     for name, result in results.items():
         print(f"rank {rank}: {name} {result}", flush=True)
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return 0 if results["NorMuon"] == "stepped" else 1
 

@@ -35,6 +35,7 @@ def main() -> int:
     except RuntimeError as e:
         print(f"rank {dist.get_rank()}: RuntimeError: {str(e).splitlines()[0][:140]}", flush=True)
         failed = 1
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return failed
 

@@ -40,6 +40,7 @@ def main() -> int:
     except Exception as e:  # the finding is what the step raises, compiled or eager
         print(f"rank {dist.get_rank()}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
         failed = 1
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return failed
 

@@ -61,6 +61,7 @@ def main() -> int:
     expected = whole.chunk(world)[rank]
     same = torch.equal(expected.view(torch.int32), mine.float().view(torch.int32))
     print(f"rank {rank}: sharded exp_avg {'equals' if same else 'differs from'} the one-device exp_avg", flush=True)
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
     return 0 if same else 1
 

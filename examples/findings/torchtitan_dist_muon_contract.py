@@ -88,6 +88,7 @@ def main() -> None:
         expected = before[n].add(ortho, alpha=-0.02 * scale)
         diff = (model.get_parameter(n).full_tensor() - expected).abs().max().item()
         print(f"2. {n} {list(g.shape)}: max|diff| against one matrix at a time {diff:.3g}", flush=True)
+    dist.barrier()  # every rank has printed before any leaves: torchrun stops the rest once one exits non-zero
     dist.destroy_process_group()
 
 
