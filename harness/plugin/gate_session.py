@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -543,8 +544,6 @@ class GateSession:
         ``examples/findings/torch_gloo_threads_outlive_destroy.py``). The pool's ranks leave so too."""
         if self.runner is None or not launched_by_torchrun():
             return
-        import sys
-
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(int(self.session.exitstatus) if self.session is not None else 1)

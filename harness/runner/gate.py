@@ -14,7 +14,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from harness.candidates import Impl, Kernel, declaration_of
+from harness.candidates import Impl, Kernel
 from harness.cases import Case, ReshardCase
 from harness.cases.case import candidate_name
 from harness.causes import BEYOND, judge_causes
@@ -29,6 +29,7 @@ from harness.runner.policy import TASKS_OF_MODELS, SkipPolicy
 from harness.runner.ran import Ran, RankCase, robust_finding
 from harness.runner.record import Recorder
 from harness.runner.routing import judge_routes
+from harness.tasks.common import declared_causes
 from harness.tasks.training import TrainingSpec
 from reports.records import (
     BEYOND_CAUSES,
@@ -262,8 +263,11 @@ class GateRunner:
             found, message = robust_finding(ran)
             kind, status = found or kind, status if found else "passed"
         figures: dict[str, float] = {}
-        if status == "failed" and self._causes(_judged_case(ran.case)) and _bitwise_failures(ran):
-            status, kind, message, figures = self._by_causes(ran, kind, message or "", calibrated=calibrated)
+        case = _judged_case(ran.case)
+        if status == "failed" and case is not None and _bitwise_failures(ran) and (causes := declared_causes(case)):
+            status, kind, message, figures = self._by_causes(
+                ran, case, causes, kind, message or "", calibrated=calibrated
+            )
         described = ran.case.describe()
         failed = status not in NOT_FAILED
         earlier = None
@@ -284,27 +288,13 @@ class GateRunner:
             fail(self._failure(gate, message or "", described), kind)
         return ran
 
-    def _causes(self, case: Case | None) -> frozenset[str]:
-        """The causes of difference a case's candidate declares (``Candidate.differences``): the
-        one the case carries, which may be a gate's own (torch's AdamW in the AdamW gate) and not
-        the session's ``--impl``; else the session's."""
-        if case is None:
-            return frozenset()
-        if case.candidate is not None:
-            return frozenset(declaration_of(case.candidate).differences)
-        return self.impl.differences if self.impl is not None else frozenset()
-
     def _by_causes(
-        self, ran: Ran, kind: str, message: str, *, calibrated: bool
+        self, ran: Ran, case: Case, causes: frozenset[str], kind: str, message: str, *, calibrated: bool
     ) -> tuple[Status, str, str, dict[str, float]]:
         """A failed case of a candidate that declares causes, judged by them (``judge_causes``):
         red where a tensor lies past their tier or differs where they cannot reach; green
         (``within causes``) where every difference was judged within their tier, or some were and
         the rest no tier can judge (each named); ``not judged`` where none could be judged."""
-        case = _judged_case(ran.case)
-        causes = self._causes(case)
-        if case is None or not causes:
-            return "failed", kind, message, {}
         verdict = judge_causes(causes, case, ran.judged, self.device, calibrated=calibrated, against=ran.against)
         named = "+".join(sorted(causes))
         unjudged = [f"  not judged: {line}" for line in verdict.unjudged]

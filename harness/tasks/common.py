@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from harness.algorithms import reference_of
+from harness.candidates.declaration import declaration_of
 from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
 from harness.layouts import Layout, fully_sharded
@@ -30,6 +31,12 @@ def factory_of(held: Any) -> Factory:
     from harness.algorithms import built_in_factory
 
     return built_in_factory(reference_of(held))  # type: ignore[no-any-return]
+
+
+def declared_causes(held: Any) -> frozenset[str]:
+    """The causes of difference its candidate declares (``Candidate.differences``): the session's
+    ``--impl``, a gate's own (torch's AdamW in the AdamW gate) or a planted control's."""
+    return frozenset(declaration_of(factory_of(held)).differences)
 
 
 def candidate_keywords(held: Any) -> dict[str, Any]:

@@ -17,7 +17,13 @@ from harness.candidates.declaration import declaration_of
 from harness.candidates.kernel import orthogonalizer
 from harness.cases.case import Case
 from harness.ranks import RankContext
-from harness.tasks.common import candidate_keywords, compare_params_and_state, factory_of, param_groups
+from harness.tasks.common import (
+    candidate_keywords,
+    compare_params_and_state,
+    declared_causes,
+    factory_of,
+    param_groups,
+)
 from harness.tasks.layouts import build_model, case_param
 from reports.records import Comparison
 
@@ -100,7 +106,7 @@ def starts_of(case: Case, tensors: Sequence[Tensor]) -> dict[str, Tensor] | None
     reference moved (``Comparison.change_norm``), so that a difference can be set against what
     those causes explain (``harness.causes.beyond_causes``). ``None`` otherwise: a figure that
     differs by piece would keep a bitwise comparison's row from being shared in the stream."""
-    if not declaration_of(factory_of(case)).differences:
+    if not declared_causes(case):
         return None
     return {s.name: t.clone() for s, t in zip(case.params, tensors, strict=True)}
 
