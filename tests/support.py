@@ -56,6 +56,22 @@ def run_python(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def torchrun(nproc: int) -> list[str]:
+    """``python -m torch.distributed.run`` with ``nproc`` ranks on this node, before a program and its
+    arguments. The ranks run without torchrun's ``-u`` (``--no-python`` and this interpreter), so a
+    flushed print is one write and two ranks' lines do not interleave; under ``-u`` its text and
+    its newline are two."""
+    return [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "--no-python",
+        sys.executable,
+    ]
+
+
 def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float) -> pytest.RunResult:
     """``pytester.runpytest_subprocess(*args)`` through ``run_python``: a pytest session of its
     own, in pytester's directory and environment, with a base temporary directory of its own."""

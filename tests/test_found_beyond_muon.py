@@ -7,11 +7,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import ENGINES, run_python
+from support import ENGINES, run_python, torchrun
 
 FINDINGS = Path(__file__).resolve().parents[1] / "examples" / "findings"
 LOWBIT = "the lowbit extra, without a torch of its own: pip install --no-deps torchao==0.18.0 bitsandbytes==0.50.2"
@@ -24,14 +23,7 @@ def _needs_deepspeed() -> None:
 
 def _run(script: str, *args: str, nproc: int = 0) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": ""}  # the package and torch, never muongate
-    # --no-python: the ranks run without torchrun's -u, so that a print is one write and two
-    # ranks' lines do not interleave (under -u its text and its newline are two)
-    launch = (
-        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "--no-python", sys.executable]
-        if nproc
-        else []
-    )
-    return run_python(*launch, FINDINGS / script, *args, env=env, timeout=300)
+    return run_python(*(torchrun(nproc) if nproc else []), FINDINGS / script, *args, env=env, timeout=300)
 
 
 def test_torch_adam_l2_decay_gives_a_bf16_shard_other_bits() -> None:

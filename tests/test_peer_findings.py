@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import run_python
+from support import run_python, torchrun
 
 #: each reproducer is a program of its own, with one of the peers extra's packages
 pytestmark = [pytest.mark.slow, pytest.mark.peers]
@@ -25,12 +24,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _torchrun(script: str, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
-    # --no-python: the ranks run without torchrun's -u, so that a print is one write and two
-    # ranks' lines do not interleave (under -u its text and its newline are two)
-    return _run(
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "--no-python",
-        sys.executable, str(FINDINGS / script), *args,
-    )  # fmt: skip
+    return _run(*torchrun(nproc), str(FINDINGS / script), *args)
 
 
 def test_muon_fsdp2_single_device_path_raises_name_error() -> None:
