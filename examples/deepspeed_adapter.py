@@ -360,7 +360,9 @@ def conventions(config: EngineConfig, release: Version = RELEASE) -> dict[str, A
             "ns_dtype": _half_dtype(torch.float16),
             "ns_normalize": "input" if release >= Version("0.19.8") else "ns_dtype",
         }
-    return {**ns, "lr_scale_on": "update", **adam}
+    # per_head_muon views the update as a stack of heads and runs Newton–Schulz on it batched
+    heads = {"ns_blocks": "batched"} if PER_HEAD else {}
+    return {**ns, **heads, "lr_scale_on": "update", **adam}
 
 
 @Engine(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import platform
 import subprocess
 import time
 from pathlib import Path
@@ -42,6 +44,38 @@ def muongate_commit() -> str:
     return commit + ("+changes" if dirty.stdout.strip() else "")
 
 
+def cpu_line(threads: int | None = None) -> str:
+    """The CPU arithmetic ran on, as far as it can pick a kernel: the processor, the instruction
+    set torch's own kernels chose (``ATEN_CPU_CAPABILITY``), the BLAS and oneDNN releases, the
+    cores, and the threads a rank runs (``threads``: fixed by ``--rank-threads`` or
+    ``OMP_NUM_THREADS``; otherwise shared out over the host's ranks, ``harness.ranks.budget``).
+    A batched product or a matmul may round differently from one of these to another."""
+    import re
+
+    import torch
+
+    from harness.ranks.budget import ThreadBudget, usable_cores
+
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        model = found.group(1).strip() if found else model
+    threads = ThreadBudget(1, threads=threads).fixed
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    mkl = re.search(r"Math Kernel Library Version ([\d.]+)", config)
+    dnn = re.search(r"MKL-DNN (v[\d.]+)", config)
+    parts = [
+        model,
+        torch.backends.cpu.get_cpu_capability(),
+        (blas.group(1) if blas else "BLAS ?") + (f" {mkl.group(1)}" if mkl else ""),
+        *([f"oneDNN {dnn.group(1)}"] if dnn else []),
+        f"{usable_cores()} cores",
+        f"{threads} thread(s) a rank" if threads else "rank threads shared over the host's ranks",
+    ]
+    return ", ".join(parts)
+
+
 def make_header(*, backend: str, devices: list[str], nproc: int, **fields: Any) -> Header:
     """The one header of a results stream (gates and ``python -m harness.train`` alike)."""
     import torch
@@ -54,6 +88,7 @@ def make_header(*, backend: str, devices: list[str], nproc: int, **fields: Any) 
         device=devices[0].split(":")[0],
         devices=tuple(devices),
         nproc=nproc,
+        cpu=cpu_line(fields.pop("threads", None)),
         time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **fields,
     )

@@ -603,6 +603,7 @@ def page(summary: RunSummary) -> str:
         ("torch", h.torch),
         ("backend", f"{h.backend} on {', '.join(h.devices) or h.device}"),
         ("ranks (--nproc)", str(h.nproc)),
+        ("CPU", h.cpu or "–"),
         ("hypothesis profile", h.hypothesis_profile + (f", seed {h.hypothesis_seed}" if h.hypothesis_seed else "")),
         ("written", h.time),
     ]

@@ -54,7 +54,10 @@ def to_markdown(summary: RunSummary) -> str:
     """The header line, every gate by outcome (and, where a named candidate had nothing judged, why),
     the gate table with each failure's minimal case right under it, then the other tables and
     the skips, one line per reason."""
-    lines = ["# muongate equivalence report", "", title(summary.header), "", f"**{outcome_line(summary)}**"]
+    lines = ["# muongate equivalence report", "", title(summary.header), ""]
+    if summary.header.cpu:
+        lines += [f"CPU: {_cell(summary.header.cpu)}", ""]
+    lines += [f"**{outcome_line(summary)}**"]
     why = unjudged_reason(summary) if names_candidate(summary.header) else ""
     if why:
         lines += ["", f"> **NOT JUDGED:** {_cell(why)}"]

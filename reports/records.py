@@ -152,6 +152,9 @@ class Header(Record):
     #: what the optimizer gates judged against: ``reference`` or ``self`` (``--against``)
     against: str = "reference"
     time: str = ""
+    #: the CPU the ranks and the reference computed on: processor, instruction set, BLAS, oneDNN,
+    #: cores and threads a rank (``harness.runinfo.cpu_line``); a kernel's choice can follow each
+    cpu: str = ""
     #: the features and layouts the candidate did not declare and ran anyway (``--probe-undeclared``)
     probed: tuple[str, ...] = ()
     #: the engine the engine gates judged (``--engine``); the session then judged no candidate

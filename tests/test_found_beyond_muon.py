@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -156,5 +157,11 @@ def test_deepspeed_clips_muon_s_orthogonalized_update_at_zero_stages_1_to_3() ->
     run = _run("deepspeed_muon_clips_the_update.py")
     assert run.returncode == 1, run.stdout[-2000:]
     assert "stage 0: gradient norm 0.0500, clip 1.0; reported norm None" in run.stdout, run.stdout[-2000:]
+    # the mechanism, not this CPU's digits (3.6780 where it was written, 3.6707 on an AMD EPYC):
+    # the norm DeepSpeed reports is the orthogonalized update's, and the update is cut to the clip
+    line = r"stage {}: gradient norm 0\.0500, clip 1\.0; reported norm ([\d.]+); update norm ([\d.]+) unclipped, ([\d.]+) clipped"
     for stage in (1, 2, 3):
-        assert f"stage {stage}: gradient norm 0.0500, clip 1.0; reported norm 3.6780" in run.stdout, run.stdout[-2000:]
+        found = re.search(line.format(stage), run.stdout)
+        assert found, run.stdout[-2000:]
+        reported, update, clipped = map(float, found.groups())
+        assert reported > 20 * 0.05 and abs(reported - update) <= 2e-4 and abs(clipped - 1.0) <= 2e-4, found.group(0)

@@ -269,6 +269,42 @@ def test_each_row_block_steps_as_a_matrix_of_its_own_with_its_own_lr_scale(
     assert torch.equal(together.view(torch.int32), separate.view(torch.int32)), "the same bits"
 
 
+@pytest.mark.parametrize(
+    ("shape", "heads", "forms"),
+    [
+        ((8, 4), 2, {}),
+        ((12, 8), 3, {"ns_form": "gram", "ns_dtype": torch.float32, "ns_normalize": "input"}),  # DeepSpeed's
+        ((8, 12), 2, {"ns_form": "expanded"}),  # tall heads of a wide matrix
+        ((2, 10, 6), 2, {}),  # a stack of experts: every expert's heads in one stack
+    ],
+)
+def test_batched_heads_are_one_stack_orthogonalized_in_batched_products(
+    shape: tuple[int, ...], heads: int, forms: dict[str, Any]
+) -> None:
+    """``ns_blocks="batched"`` is DeepSpeed's per-head view: the update's heads as one stack
+    ``[h, rows/h, cols]`` through ``orthogonalize_batch``, then laid back, whatever bits the
+    batched kernel gives on this CPU (it may differ from ``"each"``: that is why the setting exists)."""
+    from reference.muon import group_orthogonalizer, orthogonalize_batch
+
+    torch.manual_seed(3)
+    update = torch.randn(shape)
+    group = {"ns_steps": 5, "ns_coefficients": "keller", "eps": 1e-7, "eps_form": "add", "ns_dtype": torch.bfloat16}
+    group |= forms
+    got = group_orthogonalizer({**group, "ns_heads": heads, "ns_blocks": "batched"})(update)
+    rows, cols = shape[-2:]
+    kw = {k: group[k] for k in ("ns_form", "ns_normalize") if k in group}
+    stack = orthogonalize_batch(
+        update.reshape(-1, rows // heads, cols),
+        5,
+        dtype=group["ns_dtype"],
+        **kw,  # type: ignore[arg-type]
+    )
+    bits = torch.int16 if got.dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(got.flatten().view(bits), stack.flatten().view(bits)), "the batched kernel's own bits"
+    each = group_orthogonalizer({**group, "ns_heads": heads})(update)
+    assert torch.allclose(got.float(), each.float(), rtol=0.02, atol=0.02), "the same arithmetic"
+
+
 def test_row_blocks_change_the_update_and_one_head_is_the_whole_matrix() -> None:
     whole, _ = _blocks_stepped((12, 8), (12,), {})
     two, _ = _blocks_stepped((12, 8), (6, 6), {"ns_heads": 2})
@@ -288,6 +324,8 @@ def test_row_blocks_change_the_update_and_one_head_is_the_whole_matrix() -> None
         ({"ns_heads": 2.0}, (8, 8), "ns_heads=2.0 must be an int of at least 1"),
         ({"ns_split": (4, 0)}, (4, 8), "ns_split=.* must be a tuple of row counts of at least 1"),
         ({"ns_split": (4, 4), "ns_heads": 2}, (8, 8), "ns_split=.* and ns_heads: give one of them"),
+        ({"ns_split": (4, 4), "ns_blocks": "batched"}, (8, 8), "ns_blocks='batched' batches equal heads"),
+        ({"ns_heads": 2, "ns_blocks": "stacked"}, (8, 8), "ns_blocks='stacked' is not one of"),
     ],
 )
 def test_row_blocks_that_do_not_fit_the_rows_are_refused_naming_the_parameter(

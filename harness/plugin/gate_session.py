@@ -347,6 +347,7 @@ class GateSession:
                 against=against,
                 engine=self.engine.spec if self.engine is not None else "",
                 replayed=replay.lines if replay is not None else (),
+                threads=None if torchrun else config.getoption("rank_threads"),
             )
         )
         self.runner = runner
@@ -381,18 +382,19 @@ class GateSession:
             return sorted(Path(self.config.getoption("gate_report")).glob("results-gw*.jsonl"))
         return []
 
-    def _header_line(self) -> str:
+    def _header_lines(self) -> list[str]:
         import hypothesis
         import torch
 
-        from harness.runinfo import muongate_commit, muongate_version
+        from harness.runinfo import cpu_line, muongate_commit, muongate_version
         from reports.summary import identity
 
-        return (
+        return [
             f"muongate {identity(muongate_version(), muongate_commit())}: torch {torch.__version__}, backend "
             f"{self.backend} on {self.devices[0].split(':')[0]}, nproc {self.nproc}, hypothesis "
-            f"{hypothesis.__version__} profile {settings.get_current_profile_name()}"
-        )
+            f"{hypothesis.__version__} profile {settings.get_current_profile_name()}",
+            f"muongate CPU: {cpu_line(self.config.getoption('rank_threads'))}",
+        ]
 
     # -- its pytest hooks ----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
@@ -445,7 +447,7 @@ class GateSession:
         if not self.resolved:
             return []
         self.header_shown = True
-        return [self._header_line()]
+        return self._header_lines()
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
         """The muongate line, after collection, for gates that the arguments did not name."""
@@ -453,7 +455,7 @@ class GateSession:
             return []
         if config.get_verbosity() < 0 or config.getoption("no_header", False):
             return []  # where the header is not shown
-        return [self._header_line()]
+        return self._header_lines()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
