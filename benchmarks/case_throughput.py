@@ -4,7 +4,7 @@
 
 Draws optimizer cases with the gates' own strategy (one step, one to three matrices of
 sides up to ``--max-side``, world sizes 1..nproc), runs each on the pool and judges it,
-exactly as ``test_one_sharded_step_matches_reference_bitwise`` does. Reports cases per
+exactly as ``test_one_step_sharded_matches_reference_bitwise`` does. Reports cases per
 second and splits the time into hypothesis (drawing and bookkeeping in the parent), the
 round trip to the ranks (pickling, pipes, waiting), and what rank 0 spent inside the
 case by phase.

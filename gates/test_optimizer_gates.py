@@ -49,7 +49,7 @@ def test_gathered_matrix_orthogonalizes_to_reference_rows_bitwise(gate_runner: A
 
 
 @given(case=drawn(lambda s: session_cases(s, max_world=s.nproc, max_steps=1, max_params=1, adamw=False)))
-def test_one_sharded_step_matches_reference_bitwise(gate_runner: Any, case: Case) -> None:
+def test_one_step_sharded_matches_reference_bitwise(gate_runner: Any, case: Case) -> None:
     gate_runner.check("one_step", case)
 
 

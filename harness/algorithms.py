@@ -55,6 +55,7 @@ whose claim the reference does not declare skips, naming why (``GateRunner.algor
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -64,6 +65,12 @@ from typing import Any
 DEFAULT_REFERENCE = "reference:Muon"
 #: ``--reference none``
 NONE = "none"
+#: how alike (``difflib``'s ratio) an unknown setting's name must be to one a reference takes to
+#: be taken for a typo of it: ``momentun_form`` is 0.92 from ``momentum_form``, ``ns_step`` 0.93
+#: from ``ns_steps``; the names adapters declare on purpose, for what no reference expresses, lie
+#: further (optimuon's ``normuon`` 0.78 from ``normuon_eps``, ``cautious_weight_decay`` 0.73 from
+#: ``weight_decay``; heavyball's ``nesterov_form`` 0.76 from ``nesterov``)
+TYPO = 0.85
 #: the causes of difference of any family: they change no value, only a zero's sign, so their
 #: tier is equality in value (``harness.causes.SIGN_ONLY``)
 ANY_FAMILY: dict[str, str] = {
@@ -160,12 +167,18 @@ class Algorithm:
 
     @classmethod
     def load(cls, spec: str) -> Algorithm:
-        """``MODULE:CLASS`` (``--reference``), imported and read; ``none`` is ``NO_REFERENCE``."""
+        """``MODULE:CLASS`` (``--reference``), imported and read; ``none`` is ``NO_REFERENCE``. A
+        spec that names no class (``AdamW``, ``reference:Adam``) is a ``ValueError`` that lists
+        the references muongate ships, which is what such a spec was most likely after."""
         from harness.candidates.loading import load_object
 
         if spec == NONE:
             return NO_REFERENCE
-        return cls.of(load_object(spec), spec)
+        try:
+            factory = load_object(spec)
+        except (AttributeError, ValueError) as e:
+            raise ValueError(f"--reference {spec}: {e}; {shipped_references()}") from e
+        return cls.of(factory, spec)
 
     def route_of(self, use_muon: bool) -> str | None:
         """The route (``ROUTES``) a parameter of a ``use_muon`` group, or of another, is declared
@@ -183,15 +196,30 @@ class Algorithm:
             return None
         return f"differences {unknown} are not causes of {self.title}; its causes are {sorted(self.causes)}"
 
+    def typos(self, names: Iterable[str], elsewhere: Iterable[str] = ()) -> dict[str, str]:
+        """The names of ``names`` that are no setting of this reference (``DEFAULTS``' or
+        ``FORMS``') nor of ``elsewhere``, but lie within ``TYPO`` of one: each with that one.
+        ``--reference none`` takes any name."""
+        if self.factory is None:
+            return {}
+        known = sorted({*self.defaults, *self.forms, *elsewhere})
+        return {
+            name: close[0]
+            for name in sorted(set(names) - set(known))
+            if (close := difflib.get_close_matches(name, known, n=1, cutoff=TYPO))
+        }
+
     def check(self, settings: Mapping[str, Any]) -> list[str]:
-        """Why the reference cannot take these settings (unknown keys, refused values), or nothing."""
+        """Why the reference cannot take these settings (unknown keys, each a typo's with the name
+        it is near; refused values), or nothing."""
         import torch
 
         if self.factory is None:
             return []
         unknown = sorted(k for k in settings if k not in self.defaults and k not in self.forms)
         if unknown:
-            return [f"unknown keys {unknown}"]
+            typos = self.typos(unknown)
+            return [f"unknown keys {unknown}" + "".join(f"; did you mean {v!r} for {k!r}?" for k, v in typos.items())]
         probe = torch.zeros(2, 2, requires_grad=True)
         try:
             self.factory([{"params": [probe], "param_names": ["probe"]}], **settings)
@@ -251,6 +279,11 @@ FAMILIES: dict[str, str | None] = {
     "reference:LowBitAdamW": None,
     "reference:Adafactor": None,
 }
+
+
+def shipped_references() -> str:
+    """The references muongate ships (``FAMILIES``) and ``none``, in a sentence for an error."""
+    return f"muongate's references are {', '.join(FAMILIES)}, and {NONE} (with --against self)"
 
 
 @cache

@@ -154,9 +154,10 @@ def compare(
     ulp = (ordered_bits(e) - ordered_bits(a)).abs().to(torch.float64)
     nan_mismatch = (e.isnan() | a.isnan()) & differs
     ulp[nan_mismatch] = float("inf")
+    # A NaN against a number (or a NaN of another payload) differs by NaN, as the subtraction
+    # says, not by inf: inf is a difference a number can have, and the report would read as one.
     diff = (e.double() - a.double()).abs()
     diff[~differs] = 0.0
-    diff[nan_mismatch] = float("inf")
     worst = int(torch.argmax(torch.where(differs, ulp, torch.full_like(ulp, -1.0))).item()) if mismatches else None
     flat_e, flat_a = e.reshape(-1), a.reshape(-1)
     all_zero = bool((flat_e == 0).all() and (flat_a == 0).all())

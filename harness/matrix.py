@@ -1,6 +1,6 @@
 """The compatibility matrix: every adapter through the gates, one row each.
 
-    python -m harness.matrix --nproc 2 --profile dev -k "one_sharded_step or several_steps" \\
+    python -m harness.matrix --nproc 2 --profile dev -k "one_step or several_steps" \\
         distributed_impl:ShardedMuon examples.broken_muon:broken_muon examples.muon_fsdp2_adapter:muon_fsdp2
 
 Each adapter runs in a pytest process of its own (``--impl SPEC``, its report under
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.metadata
 import os
 import re
@@ -41,7 +42,7 @@ from pathlib import Path
 from reports.matrix import Cell, Matrix, Row, render_html, render_markdown, render_terminal
 from reports.records import CaseResult, Header, Skip
 from reports.stream import read_streams
-from reports.summary import fmt, summarize
+from reports.summary import cause_reach_text, fmt, summarize, worse
 
 CRASHES = ("hang", "abort", "collective mismatch", "error")
 
@@ -161,7 +162,7 @@ def row_of(spec: str, package: str, records: Sequence[object], note: str = "", k
             unjudged = f"; {g.not_judged} not judged" if g.not_judged else ""
             cells[g.gate] = Cell(
                 "within causes",
-                f"{g.within_causes} within its causes, ≤ {fmt(g.cause_reach)} of the tier{unjudged}",
+                f"{g.within_causes} within its causes, {cause_reach_text(g.cause_reach)}{unjudged}",
                 *n,
             )
         elif g.tolerance_passes:
@@ -201,7 +202,8 @@ def _layout_cell(cases: list[CaseResult]) -> Cell:
     comparisons = [c for case in cases for c in case.comparisons]
     if all(c.bitwise for c in comparisons):
         return Cell("bitwise", f"{len(comparisons)}/{len(comparisons)}", *n)
-    worst = max((c.max_abs_diff for c in comparisons), default=0.0)
+    # a NaN is the worst there is, wherever it came (``max`` keeps or drops it by its place)
+    worst = functools.reduce(worse, (c.max_abs_diff for c in comparisons), 0.0)
     return Cell("tier", f"max|diff| {fmt(worst)}", *n)
 
 
@@ -228,7 +230,7 @@ def _finding(f: CaseResult) -> str:
         first = f.message.strip().splitlines()[0] if f.message.strip() else ""
         first = first.removeprefix(f"{f.gate}: ").removeprefix(f"{f.finding}: ")[:200]
         return f"{f.finding} at {f.case}: {first}"
-    worst = max((c.max_abs_diff for c in f.comparisons if not c.passed), default=None)
+    worst = functools.reduce(worse, (c.max_abs_diff for c in f.comparisons if not c.passed), None)
     return f"{f.finding} (max|diff| {fmt(worst)}) at {f.case}"
 
 

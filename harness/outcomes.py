@@ -10,6 +10,7 @@ parameter), **completed**, and any other **error**.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,7 +58,8 @@ def classify(outcome: CaseOutcome, records: Sequence[Comparison]) -> Classified:
         bad = [r for r in records if not r.passed]
         if not bad:
             return Classified("completed", f"{len(records)} comparisons, all equal to the reference", secs)
-        worst = max(bad, key=lambda r: r.max_abs_diff)
+        # a NaN difference is the worst there is: ``max`` alone keeps or drops it by its place
+        worst = max(bad, key=lambda r: (math.isnan(r.max_abs_diff), r.max_abs_diff))
         return Classified(
             "silent corruption",
             f"every rank exited cleanly; {len(bad)} of {len(records)} comparisons differ from the reference, "

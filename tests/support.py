@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -117,19 +118,25 @@ class PageTexts(HTMLParser):
             self.texts.append(data.strip())
 
 
-def open_in_chromium(page: Path, profile: Path) -> tuple[list[str], bytes]:
-    """``page`` opened in headless Chromium (Debian's package), as a reader would open it: the
-    text of every element of its rendered DOM, and a PNG screenshot. Skips where Chromium is
-    missing, except under ``CI``, where ``.ci/run`` installs it."""
+def _chromium(profile: Path) -> list[str]:
+    """Headless Chromium's command line, without the page. Skips where Chromium is missing,
+    except under ``CI``, where ``.ci/run`` installs it."""
     found = shutil.which("chromium")
     if found is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed: .ci/run installs Debian's chromium package")
         pytest.skip("needs Debian's chromium package (apt-get install chromium)")
     # Headless, no network, a fresh profile: as the probe of this machine kind starts it.
-    flags = [found, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}"]  # fmt: skip
+    return [found, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={profile}"]  # fmt: skip
+
+
+def open_in_chromium(page: Path, profile: Path) -> tuple[list[str], bytes]:
+    """``page`` opened in headless Chromium (Debian's package), as a reader would open it: the
+    text of every element of its rendered DOM, and a PNG screenshot. Skips where Chromium is
+    missing, except under ``CI``, where ``.ci/run`` installs it."""
+    flags = _chromium(profile)
     url = page.as_uri()
     dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True).stdout
     shot = profile.parent / f"{page.stem}.png"
@@ -139,3 +146,22 @@ def open_in_chromium(page: Path, profile: Path) -> tuple[list[str], bytes]:
     texts = PageTexts()
     texts.feed(dom)
     return texts.texts, shot.read_bytes()
+
+
+def table_widths_in_chromium(page: Path, profile: Path, window: int) -> tuple[int, int]:
+    """The first table of ``page`` in headless Chromium in a window ``window`` px wide: the width
+    its content takes and the width its box has (a table wider than its box scrolls). A copy of
+    the page measures itself, its script writing the two into the DOM that Chromium dumps."""
+    measured = profile.parent / f"{page.stem}-measured.html"
+    script = (
+        '<script>const t = document.querySelector("table");'
+        'document.body.dataset.widths = t.scrollWidth + " " + t.clientWidth;</script></body>'
+    )
+    measured.write_text(page.read_text(encoding="utf-8").replace("</body>", script), encoding="utf-8")
+    dom = subprocess.run(
+        [*_chromium(profile), f"--window-size={window},1200", "--dump-dom", measured.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    found = re.search(r'data-widths="(\d+) (\d+)"', dom)
+    assert found is not None, f"the page did not measure itself: {dom[-500:]}"
+    return int(found[1]), int(found[2])

@@ -97,6 +97,41 @@ def test_unknown_differences_are_refused_when_the_candidate_is_loaded() -> None:
         Impl.load(f"{__name__}:vibes")
 
 
+def typo(param_groups: list[dict[str, Any]], **settings: Any) -> Any:
+    raise AssertionError("never called here")
+
+
+def typo_of_adamw(param_groups: list[dict[str, Any]], **settings: Any) -> Any:
+    raise AssertionError("never called here")
+
+
+def on_purpose(param_groups: list[dict[str, Any]], **settings: Any) -> Any:
+    raise AssertionError("never called here")
+
+
+def test_a_typo_in_a_convention_name_is_refused_when_loaded_naming_the_setting_it_is_near() -> None:
+    """Left to the gates, it skipped every one of them and the session ended NOT JUDGED."""
+    Candidate(conventions={"momentun_form": "ema", "ns_step": 3})(typo)
+    with pytest.raises(ValueError) as e:
+        Impl.load(f"{__name__}:typo")
+    assert str(e.value) == (
+        f"--impl {__name__}:typo: Candidate conventions: unknown keys 'momentun_form' (did you mean "
+        "'momentum_form'?), 'ns_step' (did you mean 'ns_steps'?)"
+    )
+    # near the settings of the reference it declares
+    Candidate(reference=reference.AdamW, conventions={"weight_decay_frm": "l2"})(typo_of_adamw)
+    with pytest.raises(ValueError, match=r"unknown keys 'weight_decay_frm' \(did you mean 'weight_decay_form'\?\)"):
+        Impl.load(f"{__name__}:typo_of_adamw")
+
+
+def test_a_convention_no_reference_expresses_declared_on_purpose_loads_and_is_named_by_every_gate() -> None:
+    """An adapter names its package's own arithmetic so (optimuon's ``cautious_weight_decay``),
+    for ``--reference none``, or to have every gate say what the reference cannot express."""
+    Candidate(conventions={"cautious_weight_decay": True, "momentum_form": "ema"})(on_purpose)
+    impl = Impl.load(f"{__name__}:on_purpose")
+    assert impl.inexpressible == ("unknown keys ['cautious_weight_decay']",)
+
+
 def test_the_old_attributes_are_read_with_a_warning_naming_the_replacement() -> None:
     with pytest.warns(
         DeprecationWarning, match=r"declare one harness\.candidates\.Candidate\(features=…, max_world=…\)"

@@ -3,6 +3,8 @@ a comparison of nothing is flagged."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from harness.compare import Tier, compare, ordered_bits
@@ -20,6 +22,19 @@ def test_nan_payloads_are_told_apart_and_equal_nans_are_bitwise():
     assert compare(quiet, quiet.clone(), tensor="t").bitwise
     c = compare(quiet, other, tensor="t")
     assert not c.bitwise and c.max_ulp == float("inf")
+
+
+def test_a_nan_against_a_number_is_reported_as_nan_not_inf() -> None:
+    """inf is a difference a number can have (``inf`` against ``1.0``); a NaN's is NaN, and the
+    comparison fails in every tier, however wide."""
+    expected, actual = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, float("nan"), 3.5])
+    c = compare(expected, actual, tensor="t")
+    assert math.isnan(c.max_abs_diff) and not c.passed and c.mismatches == 2 and c.worst_index == (1,)
+    assert "max|diff| nan" in c.line()
+    wide = Tier("wide", "tolerance", "any difference", max_ulp=2**62, atol=math.inf, max_rel_fro=math.inf)
+    assert not compare(expected, actual, tensor="t", tier=wide).passed
+    # an infinity against a number is still one
+    assert compare(torch.tensor([1.0]), torch.tensor([math.inf]), tensor="t").max_abs_diff == math.inf
 
 
 def test_ulp_distance_counts_representable_steps_across_zero():

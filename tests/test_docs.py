@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,44 @@ def test_the_options_page_lists_every_option_the_plugin_defines_as_it_is_written
     assert not missing, f"docs/pages/options.md does not list {missing}"
     # pytest takes the DIR of ``--gate-report DIR`` for a test path when it chooses its rootdir
     assert "| `--gate-report DIR` |" not in page and "| `--gate-report=DIR` |" in page
+
+
+def test_no_code_on_the_site_shows_a_backslash_before_a_pipe(site: Path) -> None:
+    """A table's ``\\|`` is a pipe in its text and a backslash and a pipe inside a code span
+    (``--gate-device auto\\|cpu\\|cuda`` read so on the options page)."""
+    shown = [
+        f"{page.relative_to(site)}: {code}"
+        for page in sorted(site.rglob("index.html"))
+        for code in re.findall(r"<code>([^<]*\\\|[^<]*)</code>", page.read_text(encoding="utf-8"))
+    ]
+    assert not shown, shown
+
+
+def test_the_options_table_sends_the_reader_to_a_page_not_above_or_below() -> None:
+    """Its rows came from the README, where "(above)" and "(below)" were sections of the same
+    page; on the options page there are none such."""
+    rows = [
+        line for line in (REPO / "docs" / "pages" / "options.md").read_text().splitlines() if line.startswith("| `-")
+    ]
+    assert len(rows) >= 15, rows
+    stale = [row.split(" |")[0] for row in rows if re.search(r"\((above|below)\)", row)]
+    assert not stale, stale
+
+
+def _bash_blocks(page: str) -> list[str]:
+    text = (REPO / "docs" / "pages" / page).read_text(encoding="utf-8")
+    return re.findall(r"^```bash\n(.*?)^```$", text, re.M | re.S)
+
+
+def test_the_getting_started_commands_fit_the_page_and_paste_as_one_command_each() -> None:
+    """Each line fits the code box of a 1280 px window (the site neither wraps nor shows all of a
+    longer one), and the lines, continued with a backslash, are the one command they were."""
+    blocks = _bash_blocks("getting-started.md")
+    assert len(blocks) == 2, blocks
+    for block in blocks:
+        assert max(map(len, block.splitlines())) <= 80, block
+        joined = block.replace("\\\n", " ")
+        assert len(joined.strip().splitlines()) == 1, block
+        parsed = subprocess.run(["bash", "-n", "-c", joined], capture_output=True, text=True, check=False)
+        assert parsed.returncode == 0, parsed.stderr
+        assert shlex.split(joined)[:3] == ["python3", "-m", "venv"] and "&&" in shlex.split(joined), joined

@@ -53,9 +53,7 @@ def test_torch_optim_muon_adapter_passes_from_outside_the_repository(tmp_path: P
     """Against itself on one device: its bf16 cases differ from the reference by design (its bf16
     momentum and second rounding, declared), and its sharding is what is judged."""
     shutil.copy(REPO / "examples" / "torch_muon.py", tmp_path / "their_muon.py")
-    result = _run(
-        tmp_path, "-k", "one_sharded or several_steps", "--impl", "their_muon:torch_muon", "--against", "self"
-    )
+    result = _run(tmp_path, "-k", "one_step or several_steps", "--impl", "their_muon:torch_muon", "--against", "self")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "2 passed" in result.stdout
 
@@ -273,7 +271,7 @@ def test_a_correct_but_different_muon_is_green_within_its_causes_and_a_sharding_
     scale applied to the update first, both declared) passes every optimizer gate it is judged by,
     within its causes; the same Muon normalizing by its own rank's piece of the update instead of
     the whole matrix's fails, past its causes' tier, with a minimal case on two ranks."""
-    k = ("-k", "one_sharded_step or several_steps")
+    k = ("-k", "one_step or several_steps")
     right = _run(tmp_path, *k, "--impl", "gates.examples.gathered_muon:gathered_muon")
     assert right.returncode == 0 and "2 passed" in right.stdout, right.stdout[-3000:]
     assert "within causes (≤ " in right.stdout, right.stdout[-3000:]
@@ -290,7 +288,7 @@ def _report_md(tmp_path: Path) -> str:
 @pytest.mark.slow
 def test_a_candidate_sharding_the_model_its_own_way_is_read_through_its_pieces_and_passes(tmp_path: Path) -> None:
     result = _run(
-        tmp_path, "-k", "one_sharded or several_steps or rank-asymmetric",
+        tmp_path, "-k", "one_step or several_steps or rank-asymmetric",
         "--impl", "examples.column_sharded_muon:column_sharded_muon",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
@@ -301,9 +299,7 @@ def test_a_candidate_sharding_the_model_its_own_way_is_read_through_its_pieces_a
 
 @pytest.mark.slow
 def test_a_piece_reader_naming_the_wrong_columns_is_caught(tmp_path: Path) -> None:
-    result = _run(
-        tmp_path, "-k", "one_sharded", "--impl", "examples.column_sharded_muon:column_sharded_muon_wrong_piece"
-    )
+    result = _run(tmp_path, "-k", "one_step", "--impl", "examples.column_sharded_muon:column_sharded_muon_wrong_piece")
     assert result.returncode == 1, result.stdout[-3000:]
     assert re.search(r"minimal case: w0\[\d+, \d+\] float32 · world 2", result.stdout), result.stdout[-3000:]
 
@@ -322,7 +318,7 @@ def test_a_session_that_judged_nothing_of_its_candidate_fails_naming_why_and_sti
     report.mkdir()
     for stale in ("equivalence.html", "results.jsonl", "results-gw0.jsonl"):
         (report / stale).write_text("an earlier run's\n")
-    result = _run(tmp_path, "-k", "one_sharded", "--impl", "their_muon:cautious")
+    result = _run(tmp_path, "-k", "one_step", "--impl", "their_muon:cautious")
     assert result.returncode == 1, result.stdout[-3000:]
     assert re.search(
         r"NOT JUDGED: nothing of the candidate was judged: \d+ gate test\(s\) skipped, \d+ of them: not run: "
@@ -333,7 +329,7 @@ def test_a_session_that_judged_nothing_of_its_candidate_fails_naming_why_and_sti
     html = (report / "equivalence.html").read_text(encoding="utf-8")
     assert "an earlier run's" not in html and "cautious_mask" in html
     # A value the reference refuses is the same: skipped, naming it, never compared; accepted here.
-    result = _run(tmp_path, "-k", "one_sharded", "--impl", "their_muon:half", "--allow-unjudged")
+    result = _run(tmp_path, "-k", "one_step", "--impl", "their_muon:half", "--allow-unjudged")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "cannot express: ns_dtype=torch.float16 must be torch.bfloat16 or torch.float32" in result.stdout
     assert "NOT JUDGED" in result.stdout and "(--allow-unjudged)" in result.stdout
@@ -556,7 +552,7 @@ def test_any_torch_optimizer_is_judged_against_itself_with_no_reference(tmp_path
     compare with a reference skip, saying so."""
     result = _run(
         tmp_path, "--impl", "torch.optim:AdamW", "--reference", "none", "--against", "self",
-        "-k", "one_sharded_step or several_steps or robust", "-rs",
+        "-k", "one_step or several_steps or robust", "-rs",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     assert re.search(r"\b[5-9] passed", result.stdout), result.stdout[-3000:]
@@ -598,7 +594,7 @@ def test_sharded_normuon_is_judged_bitwise_against_reference_normuon(tmp_path: P
     skip, naming the CLAIMS it does not declare."""
     result = _run(
         tmp_path, "--impl", "distributed_impl:ShardedNorMuon",
-        "-k", "one_sharded_step or several_steps or fsdp_tp_layouts or bf16_rounding_ties", "-rs",
+        "-k", "one_step or several_steps or fsdp_tp_layouts or bf16_rounding_ties", "-rs",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     assert re.search(r"\d+ gates: (\d+) bitwise, 0 within causes, 0 not judged, 0 differ", result.stdout)

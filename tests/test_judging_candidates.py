@@ -89,7 +89,7 @@ def test_a_candidate_that_raises_on_every_step_passes_no_gate(other_project: pyt
 @pytest.mark.slow
 def test_narrowed_gates_and_hand_picked_cases_are_skipped_naming_the_narrowing(other_project: pytest.Pytester) -> None:
     result = _gates(
-        other_project, "gates.test_optimizer_gates", "-k", "hybrid or checkpoint or edge or one_sharded",
+        other_project, "gates.test_optimizer_gates", "-k", "hybrid or checkpoint or edge or one_step",
         "--impl", "examples.gathered_muon:gathered_muon", profile=("--hypothesis-profile", "ci"),
     )  # fmt: skip
     # (the ci profile: its first examples include cases narrowed for the candidate)
@@ -127,7 +127,7 @@ def test_a_convention_value_the_reference_cannot_take_is_refused_by_name(
 
 @pytest.mark.slow
 def test_self_reference_finds_a_sharding_bug_as_a_finding_of_its_own(other_project: pytest.Pytester) -> None:
-    gate = ("gates.test_optimizer_gates", "-k", "one_sharded_step")
+    gate = ("gates.test_optimizer_gates", "-k", "one_step")
     buggy = ("--impl", "examples.gathered_muon:gathered_muon_local_lr")
     # Against the reference it differs by its declared causes everywhere, and the bug shows only
     # where it moves an update past their tier; against itself it is its own finding. Finding it is

@@ -69,6 +69,24 @@ def test_a_cell_whose_cases_were_within_causes_or_not_judged_says_so_never_bitwi
     assert 'class="cell within"' in render_html(Matrix([row])) and 'class="cell judged"' in render_html(Matrix([row]))
 
 
+def test_a_cell_within_causes_at_none_of_their_tier_says_equal_in_value() -> None:
+    """A reach of 0 (every difference a zero's sign) read "≤ 0 of the tier"."""
+    signs = {"bitwise": False, "passed": False, "max_abs_diff": 0.0, "mismatches": 1}
+    within = dataclasses.replace(_case(1, "one_step", **signs), status="within causes", figures={"cause_reach": 0.0})
+    row = row_of("x:y", "x 1.0", [Header(torch="2.13.0+cpu", backend="gloo"), within])
+    assert row.gates["one_step"].text() == "within causes (1): 1 within its causes, equal in value"
+
+
+def test_a_cell_that_differs_by_nan_says_nan_wherever_the_nan_came() -> None:
+    nan = {"bitwise": False, "passed": False, "max_abs_diff": float("nan")}
+    big = {"bitwise": False, "passed": False, "max_abs_diff": 0.5}
+    header = Header(torch="2.13.0+cpu", backend="gloo")
+    for first, second in ((nan, big), (big, nan)):
+        case = _case(1, "one_step", "failed", **first)
+        case = dataclasses.replace(case, comparisons=(*case.comparisons, Comparison("w1", (4, 4), **second)))  # type: ignore[arg-type]
+        assert "(max|diff| nan)" in row_of("x:y", "x 1.0", [header, case]).gates["one_step"].detail
+
+
 def test_kernels_get_a_table_of_their_own_under_its_title() -> None:
     header = Header(torch="2.13.0+cpu", backend="gloo")
     optimizer = row_of("x:muon", "x 1.0", [header, _case(1, "one_step")])
@@ -95,7 +113,7 @@ def test_a_row_judged_against_itself_counts_only_its_comparisons_with_itself() -
 def test_a_broken_adapter_fails_the_cells_that_sharded_muon_passes_also_when_both_run_at_once(tmp_path: Path) -> None:
     """``--jobs 2`` runs the two adapters side by side; the rows keep the order they were named in."""
     run = run_python(
-        "-m", "harness.matrix", "--nproc", "2", "-k", "one_sharded_step", "--out", str(tmp_path), "--jobs", "2",
+        "-m", "harness.matrix", "--nproc", "2", "-k", "one_step", "--out", str(tmp_path), "--jobs", "2",
         "distributed_impl:ShardedMuon", "examples.broken_muon:broken_muon",
         timeout=600, cwd=REPO, env=repo_env(),
     )  # fmt: skip

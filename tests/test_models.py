@@ -55,6 +55,15 @@ def test_classifier_names_each_outcome():
     assert classify(_outcome(RankFailure("error", 0, "ValueError: oops")), []).outcome == "error"
 
 
+def test_the_classifier_names_a_nan_difference_the_worst_wherever_it_came() -> None:
+    """A NaN against a number differs by NaN (``harness.compare``), which ``max`` alone drops or
+    keeps by its place."""
+    big = Comparison("w", (2, 2), bitwise=False, passed=False, max_abs_diff=0.5)
+    nan = Comparison("v", (2, 2), step=1, bitwise=False, passed=False, max_abs_diff=float("nan"))
+    for order in ([big, nan], [nan, big]):
+        assert "worst v step 1 rank 0: max|diff| nan" in classify(_outcome(), order).detail, order
+
+
 def test_classifier_reads_each_ranks_own_collective_from_the_detail_wrapper():
     def msg(me, seq, op, shape, peer):
         return (

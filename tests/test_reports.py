@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from support import REPO, open_in_chromium, repo_env
+from support import REPO, open_in_chromium, repo_env, table_widths_in_chromium
 
 from reports import ResultStream, SchemaError, read_stream, render, summarize, to_markdown
 from reports.html import anchor
@@ -441,6 +441,24 @@ def test_the_top_line_counts_gates_by_outcome_and_each_gate_has_its_outcomes_col
     assert "none of 1 cases judged</span>" in section and "passed" not in section
 
 
+def test_cases_within_causes_at_none_of_their_tier_read_equal_in_value_in_every_report() -> None:
+    """A reach of 0 (each difference a zero's sign) read "(≤ 0 of the tier)"."""
+    from reports.html import page
+
+    differs = Comparison("w", (2, 4), bitwise=False, passed=False, max_abs_diff=0.0, mismatches=1)
+    records = [
+        Header(nproc=2, impl="their_muon:muon"),
+        CaseResult(1, "one_step", "w[4, 4] · world 2", "within causes", figures={"cause_reach": 0.0},
+                   comparisons=(differs,), judged="candidate"),
+    ]  # fmt: skip
+    summary = summarize(records)
+    html, markdown, text = page(summary), to_markdown(summary), _text(records)
+    assert "1 within causes (equal in value)" in markdown and "1 within causes (equal in value)" in text
+    assert '>within causes</span><br><span class="note">equal in value</span>' in html
+    assert 'causes<span class="note">, equal in value</span>' in html.split('<section id="gate-one_step">')[1]
+    assert "≤ 0 of" not in html + markdown + text
+
+
 def test_a_named_candidate_that_judged_nothing_says_why_above_the_gate_table() -> None:
     from reports.html import page
 
@@ -573,6 +591,44 @@ def test_terminal_summary_fits_100_columns_with_every_word_whole() -> None:
     assert not cut, sorted(cut)
     for gate in (*GATES, "robust:empty-local-shards", "edge:uneven-7x5"):
         assert re.search(rf"(^|\s){re.escape(gate)}(\s|$)", narrow), gate
+
+
+def _wide_gate_table() -> list[Record]:
+    """A run whose gate table is as wide as a candidate's run makes it: long gate names, narrowed
+    cases, failures of several kinds, cases within causes, comparisons in a tier."""
+    ok, tier = Comparison("w0", (4, 4)), dataclasses.replace(WITHIN_TIER, tier="gram_partial_fp32")
+    differs = Comparison("w0", (4, 4), bitwise=False, passed=False, max_abs_diff=1.2345e-4, max_ulp=123456.0)
+    records: list[Record] = [Header(nproc=2, impl="examples.pytorch_optimizer_adapter:distributed_muon")]
+    gates = ("one_step", "several_steps", "world_size_independence", "edge:experts-4x31x13-fp32-ns",
+             "edge:rank-asymmetric-missing-grads", "robust:rank-asymmetric-missing-grad", "tier:causes",
+             "orthogonalize_gathered")  # fmt: skip
+    for g in gates:
+        for n in range(3):
+            i = len(records)
+            if g == "tier:causes":
+                records.append(CaseResult(i, g, "w0[4, 4]", "within causes", figures={"cause_reach": 0.74},
+                                          comparisons=(differs,) * 40 + (ok,) * 400, judged="candidate",
+                                          narrowed=("w0 bfloat16 → float32",), seconds=1.3))  # fmt: skip
+            elif g.startswith("robust"):
+                records.append(CaseResult(i, g, "w0[1, 4]", ("hang", "abort", "collective mismatch")[n], "stuck",
+                                          judged="candidate", seconds=60.0))  # fmt: skip
+            else:
+                records.append(CaseResult(i, g, "w0[4, 4]", comparisons=(ok,) * 400 + (tier,) * 120,
+                                          judged="muongate: exchange" if g.startswith("ortho") else "candidate",
+                                          narrowed=("x",) * (n % 2), seconds=1234.5))  # fmt: skip
+    return records
+
+
+@pytest.mark.parametrize("window", [1920, 1280])
+def test_the_gate_table_fits_the_window_every_column_in_view(tmp_path: Path, window: int) -> None:
+    """Its max|diff|, max ULP and seconds were behind a horizontal scroll at 1920 px: the page was
+    80em wide and kept every count and name on one line. Tables now take the window (the prose
+    keeps its measure) and wrap their cells, a count with its word."""
+    from reports import write_files
+
+    write_files(summarize(_wide_gate_table()), tmp_path)
+    content, box = table_widths_in_chromium(tmp_path / "equivalence.html", tmp_path / "profile", window)
+    assert content <= box, f"the gate table takes {content} px of its {box} px at a {window} px window"
 
 
 def test_html_report_renders_in_headless_chromium_with_every_gate_name_whole(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ def _gates(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
 @pytest.mark.slow
 def test_two_xdist_workers_run_two_pools_and_one_report(tmp_path: Path) -> None:
     report = tmp_path / "report"
-    result = _gates(tmp_path, "-k", "edge or one_sharded", "-n", "2", "--hypothesis-profile", "dev")
+    result = _gates(tmp_path, "-k", "edge or one_step", "-n", "2", "--hypothesis-profile", "dev")
     assert result.returncode == 0, result.stdout[-4000:]
     assert "muongate report:" in result.stdout and "results-gw0.jsonl, results-gw1.jsonl" in result.stdout
     records = read_streams(sorted(report.glob("results-gw*.jsonl")))

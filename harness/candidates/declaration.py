@@ -20,7 +20,9 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     the reference settings it implements (``{"momentum_form": "ema", "eps_form": "clamp"}``),
     its forms too (``{"kernels": "foreach"}``: ``harness.algorithms``, ``FORMS``).
     Every case uses them on both sides. A key the reference does not know, or a value it cannot
-    take, makes every gate skip, naming it; nothing is compared silently.
+    take, makes every gate skip, naming it; nothing is compared silently. A key a letter or two
+    from one a reference knows (``momentun_form``) is a typo: refused when ``--impl`` loads it,
+    naming the key it is near (``harness.algorithms.TYPO``).
 ``features``
     which of ``adamw`` (Muon's AdamW groups), ``experts`` (3-D parameters), ``bf16``,
     ``checkpoint``, ``fully_shard`` (with ``shard`` only) and ``heads`` (Newton–Schulz on row

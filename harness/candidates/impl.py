@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from harness import layouts
-from harness.algorithms import MUON, Algorithm, reference_of
+from harness.algorithms import MUON, Algorithm, families, reference_of
 from harness.candidates.declaration import DEVICES, FEATURES, LAYOUTS, TIERS, declaration_of
 from harness.candidates.loading import load_callable
 from harness.cases.case import Case, ParamSpec, optimizer_settings, stored_setting
@@ -82,6 +82,16 @@ class Impl:
         refused = algorithm.unknown_causes(declared.differences)
         if refused:
             raise ValueError(f"--impl {spec}: Candidate {refused}")
+        # A name a letter or two from a setting is a typo, refused here naming that setting: left to
+        # the gates it would skip every one of them and end the session NOT JUDGED. Another unknown
+        # name is what the reference cannot express, declared on purpose (an adapter's package's own
+        # arithmetic), and skips them, naming it. A candidate that names no reference may be judged
+        # against the session's (--reference), so the names of every family muongate ships count.
+        shipped = () if declared.reference is not None else [s for a in families() for s in (*a.defaults, *a.forms)]
+        typos = algorithm.typos(declared.conventions, shipped)
+        if typos:
+            said = ", ".join(f"{k!r} (did you mean {v!r}?)" for k, v in typos.items())
+            raise ValueError(f"--impl {spec}: Candidate conventions: unknown keys {said}")
         return cls(
             spec,
             factory,
