@@ -394,8 +394,25 @@ HEAD_CONTROLS: dict[str, type[PlantedMuon]] = {
 }
 
 
+class TileBoundaryMuon(PlantedMuon):
+    """Updates the rows of its piece in tiles of ``TILE`` and stops after the first: a rank's
+    rows past 64 keep their values, unstepped and undecayed (the slip of a kernel that blocks
+    by 64 rows and gets its loop bound wrong). Only a piece of more than 64 rows shows it: the
+    drawn sides stay under 48, so only ``harness.cases.tile_shapes`` reaches it."""
+
+    TILE = 64
+
+    def apply(self, local: Tensor, ortho: Tensor, group: dict[str, Any], scaled_lr: float) -> None:
+        rows = local.shape[-2] if local.ndim >= 2 else 0
+        if rows <= self.TILE:
+            super().apply(local, ortho, group, scaled_lr)
+            return
+        super().apply(local[..., : self.TILE, :], ortho[..., : self.TILE, :], group, scaled_lr)
+
+
 #: the layout gate's negative controls, and the fewest ranks each needs to show
 LAYOUT_CONTROLS: dict[str, tuple[type[PlantedMuon], int]] = {
+    "TileBoundaryMuon": (TileBoundaryMuon, 2),
     "LocalColumnsMuon": (LocalColumnsMuon, 2),
     "FirstReplicaMuon": (FirstReplicaMuon, 2),
     "StridedOrderMuon": (StridedOrderMuon, 4),

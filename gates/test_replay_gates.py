@@ -1,5 +1,5 @@
 """Claims about a layout a user's job captured (``harness.capture``), replayed with
-``--layout-from FILE`` (``harness.replay``): the candidate computes its reference, bit for bit,
+``--layout-from=FILE`` (``harness.replay``): the candidate computes its reference, bit for bit,
 on exactly the captured parameters and placements, on a reduced mesh that keeps every rank's
 pieces where the job had more ranks than the pool; the report's header says what was kept.
 
@@ -43,14 +43,14 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "captures" / "llama
 def test_captured_layout_matches_reference_bitwise(gate_runner: Any, data: st.DataObject) -> None:
     config = gate_config()
     if config.replay is None:
-        pytest.skip("replay: replays a captured layout: --layout-from FILE (harness.capture)")
+        pytest.skip("replay: replays a captured layout: --layout-from=FILE (harness.capture)")
     gate_runner.check("replay", data.draw(replay_cases(config.replay, algorithm=config.algorithm)))
 
 
 def _replayed() -> Any:
     replayed = gate_config().replay
     if replayed is None:
-        pytest.skip("replay: replays a captured layout: --layout-from FILE (harness.capture)")
+        pytest.skip("replay: replays a captured layout: --layout-from=FILE (harness.capture)")
     return replayed
 
 

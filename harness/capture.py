@@ -15,7 +15,9 @@ and settings; and its layout: for a DTensor, the mesh (shape, dim names, the glo
 it) and placements, each dim's chunk (what ``torch.chunk`` pads a ``Shard`` to), and every
 rank's local shape and global offset as that rank sees them; for a plain tensor, every rank's
 local shape. ``load_capture`` reads it back, refusing a newer version or a broken file with one
-line naming the file and what is wrong. ``python -m harness.capture FILE`` checks a file and
+line naming the file and what is wrong. A job with several optimizers (Muon for the matrices,
+``torch.optim.AdamW`` for the rest) passes them all, ``capture(model, [muon, adamw], path)``:
+one file, each parameter under the optimizer that steps it. ``python -m harness.capture FILE`` checks a file and
 says what it holds.
 """
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,14 +91,23 @@ def _algorithm(group: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> st
     return "muon" if group["use_muon"] else "adamw"
 
 
-def describe_optimizer(model: nn.Module | None, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """This rank's record of every parameter ``optimizer`` steps, in its order."""
+def _optimizers(optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
+    return [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+
+
+def describe_optimizer(
+    model: nn.Module | None, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
+) -> list[dict[str, Any]]:
+    """This rank's record of every parameter the optimizer (or each of several, in order: a job
+    that steps its matrices with Muon and the rest with ``torch.optim.AdamW``) steps, in its order;
+    the groups are numbered across the optimizers."""
     names = _names(model)
     params = []
-    for gi, group in enumerate(optimizer.param_groups):
+    groups = [(group, opt) for opt in _optimizers(optimizer) for group in opt.param_groups]
+    for gi, (group, opt) in enumerate(groups):
         given = param_names(group, gi)
         settings = {k: _setting(v) for k, v in group.items() if k not in _NOT_SETTINGS}
-        algorithm = _algorithm(group, optimizer)
+        algorithm = _algorithm(group, opt)
         for i, p in enumerate(group["params"]):
             name = names.get(id(p)) or given[i]
             params.append(
@@ -114,11 +125,16 @@ def describe_optimizer(model: nn.Module | None, optimizer: torch.optim.Optimizer
 
 
 def capture(
-    model: nn.Module | None, optimizer: torch.optim.Optimizer, path: str | Path, *, group: Any = None
+    model: nn.Module | None,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+    path: str | Path,
+    *,
+    group: Any = None,
 ) -> dict[str, Any] | None:
     """Writes the job's layout to ``path`` on rank 0 and returns it there (``None`` on the other
-    ranks). A collective over ``group`` (the default group): every rank must call it, and every
-    rank returns once the file is written."""
+    ranks). ``optimizer``: the job's optimizer, or every one of them (``[muon, adamw]``): one file
+    of all the parameters they step. A collective over ``group`` (the default group): every rank
+    must call it, and every rank returns once the file is written."""
     mine = describe_optimizer(model, optimizer)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     everyone: list[Any] = [None] * world
@@ -148,7 +164,7 @@ def capture(
             "backend": dist.get_backend(group) if dist.is_initialized() else None,
             "torch": torch.__version__,
             "muongate": __version__,
-            "optimizer": f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
+            "optimizer": ", ".join(f"{type(o).__module__}.{type(o).__qualname__}" for o in _optimizers(optimizer)),
         },
         "params": params,
     }
@@ -223,12 +239,17 @@ def load_capture(path: str | Path) -> Capture:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m harness.capture FILE  (checks a capture file and says what it holds)", file=sys.stderr)
-        return 2
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.capture",
+        description="Checks a capture file (harness.capture.capture) and says what it holds; "
+        "replay it with pytest -m gate --layout-from=FILE.",
+    )
+    parser.add_argument("file", help="a capture file written by harness.capture.capture")
+    args = parser.parse_args(argv)
     try:
-        print(load_capture(args[0]).summary())
+        print(load_capture(args.file).summary())
     except CaptureError as e:
         print(f"muongate: {e}", file=sys.stderr)
         return 1

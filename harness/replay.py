@@ -1,5 +1,5 @@
 """Replaying a captured layout (``harness.capture``; issue #52): a user's own parameters and
-placements as the cases the gates run (``--layout-from FILE``).
+placements as the cases the gates run (``--layout-from=FILE``).
 
 Each mesh of the file becomes one case of every parameter laid out on it, in the layout family
 whose builder lays that parameter out exactly so (``harness.layouts``: ``fully_shard``,
@@ -34,6 +34,7 @@ from harness import layouts
 from harness.capture import Capture
 from harness.cases.case import Case, ParamSpec, Style, optimizer_settings, stored_setting
 from harness.layouts import EP_EFSDP, FSDP, FSDP_TP, HSDP, HSDP_TP, TP, Layout
+from reports.records import Unjudged
 
 if TYPE_CHECKING:
     from harness.algorithms import Algorithm
@@ -148,11 +149,51 @@ class Replay:
     meshes: tuple[Replayed, ...]
     #: what the report says: the file, then what each mesh and parameter kept and did not
     lines: tuple[str, ...]
+    #: every captured parameter not replayed, and why: the ledger's unjudged parts, each named
+    #: by the user's file (``--layout-from``), so each fails the session unless ``--allow-unjudged``
+    unjudged: tuple[Unjudged, ...] = ()
 
     @property
     def grids(self) -> tuple[tuple[int, ...], ...]:
         """The multi-dim meshes the replayed cases run on (the pool makes their groups)."""
         return tuple(sorted({r.case.mesh for r in self.meshes if len(r.case.mesh) > 1}))
+
+
+class _Notes:
+    """What the replay says (``lines``) and the parameters it could not replay (``unjudged``)."""
+
+    def __init__(self, first: str) -> None:
+        self.lines = [first]
+        self.unjudged: list[Unjudged] = []
+
+    def append(self, line: str) -> None:
+        self.lines.append(line)
+
+    def drop(self, names: Iterable[str], reason: str, *, where: str = "") -> None:
+        """``names`` are not replayed, for ``reason`` (of the mesh ``where``, for all of them at once)."""
+        names = list(names)
+        head = where or (names[0] if len(names) == 1 else f"{len(names)} parameters")
+        self.lines.append(f"{head}: not replayed: {reason}")
+        self.unjudged += [Unjudged(f"parameter {n}", f"{where}: {reason}" if where else reason) for n in names]
+
+
+def stepped_as(captured: str, algorithm: Algorithm) -> bool | None:
+    """Which side of ``algorithm`` steps a parameter the capture says ``captured`` stepped: its
+    own (``True``: a hybrid's ``use_muon`` side, any other's only side), a hybrid's AdamW side
+    (``False``), or neither (``None``: the reference has no side that is that optimizer).
+
+    ``captured`` is a hybrid group's ``muon`` or ``adamw`` (``use_muon``), or the class name of
+    the optimizer that stepped the group: ``Adam…`` is AdamW's, a name ending in the family's
+    (``Muon``, ``ShardedMuon``, ``DistMuon`` for ``reference.Muon``; ``NorMuon`` is not Muon's)."""
+    name, family = captured.lower(), algorithm.name.lower()
+    if name == "muon":
+        return True if algorithm.hybrid else None
+    mine = name.endswith(family) and not (family == "muon" and name.endswith("normuon"))
+    if mine or (name == "adamw" and family == "adamw"):
+        return True
+    if name.startswith("adam"):
+        return False if algorithm.hybrid else None
+    return None
 
 
 def _identifier(name: str, taken: set[str]) -> str:
@@ -187,14 +228,25 @@ def _smaller_mesh(mesh: tuple[int, ...], nproc: int) -> tuple[int, ...] | None:
     return out if all(n >= min(2, m) for n, m in zip(out, mesh, strict=True)) else None
 
 
-def _settings(capture: Capture, algorithm: Algorithm, notes: list[str]) -> tuple[tuple[str, Any], ...]:
-    """The settings the file fixes: those of its first group that is not AdamW's that the
-    reference takes, each checked by building the reference with it; a refused one is drawn."""
+#: an AdamW group's settings as a hybrid reference names them for its AdamW side
+_ADAMW_SIDE = {"lr": "adamw_lr", "betas": "adamw_betas", "eps": "adamw_eps", "weight_decay": "adamw_weight_decay"}
+
+
+def _settings(capture: Capture, algorithm: Algorithm, notes: _Notes) -> tuple[tuple[str, Any], ...]:
+    """The settings the file fixes: those of the first group the reference's own side steps, and
+    (a hybrid reference) those of the first group its AdamW side steps, under the AdamW side's
+    names (``adamw_lr``, …); each checked by building the reference with it; a refused one is drawn."""
     import torch
     from torch import nn
 
-    group = next((p["settings"] for p in capture.params if p["algorithm"] != "adamw" and p.get("settings")), None)
-    if group is None:
+    def first(side: bool) -> Mapping[str, Any]:
+        groups = (p.get("settings") for p in capture.params if stepped_as(str(p["algorithm"]), algorithm) is side)
+        return next((g for g in groups if g), {})
+
+    own = {k: v for k, v in first(True).items() if k not in _ADAMW_SIDE.values()}
+    adamw = {_ADAMW_SIDE[k]: v for k, v in first(False).items() if k in _ADAMW_SIDE}
+    group = {**own, **adamw}
+    if not group:
         return ()
     defaults = {k: stored_setting(k, v) for k, v in algorithm.defaults.items()}
     fixed = []
@@ -218,20 +270,18 @@ def _tupled(value: Any) -> Any:
 def replay(capture: Capture, *, nproc: int, algorithm: Algorithm) -> Replay:
     """The cases that replay ``capture`` on a pool of ``nproc`` ranks for ``algorithm`` (a family,
     ``harness.algorithms``), and what they kept."""
-    notes = [capture.summary()]
+    notes = _Notes(capture.summary())
     fixed = _settings(capture, algorithm, notes)
     by_mesh: dict[tuple[tuple[int, ...], tuple[Any, ...]], list[tuple[Mapping[str, Any], tuple[Placement, ...]]]] = {}
     for p in capture.params:
         layout = p["layout"]
         if "mesh" not in layout:
-            notes.append(
-                f"{p['name']}: not replayed: a plain tensor on every rank (not a DTensor); muongate lays out DTensors"
-            )
+            notes.drop([p["name"]], "a plain tensor on every rank (not a DTensor); muongate lays out DTensors")
             continue
         try:
             placements = tuple(parse_placement(t) for t in layout["placements"])
         except ValueError as e:
-            notes.append(f"{p['name']}: not replayed: {e}")
+            notes.drop([p["name"]], str(e))
             continue
         mesh = tuple(layout["mesh"]["shape"])
         ranks = tuple(itertools.chain.from_iterable(_flat(layout["mesh"]["ranks"])))
@@ -241,7 +291,7 @@ def replay(capture: Capture, *, nproc: int, algorithm: Algorithm) -> Replay:
         for (mesh, ranks), params in by_mesh.items()
         if (m := _mesh_case(mesh, ranks, params, nproc, algorithm, fixed, notes))
     ]
-    return Replay(capture, tuple(meshes), tuple(notes))
+    return Replay(capture, tuple(meshes), tuple(notes.lines), tuple(notes.unjudged))
 
 
 def _flat(ranks: Any) -> Iterable[list[int]]:
@@ -260,7 +310,7 @@ def _mesh_case(
     nproc: int,
     algorithm: Algorithm,
     fixed: tuple[tuple[str, Any], ...],
-    notes: list[str],
+    notes: _Notes,
 ) -> Replayed | None:
     where = f"mesh {list(mesh)}"
     families = _FAMILIES.get(len(mesh), ())
@@ -277,15 +327,15 @@ def _mesh_case(
         )
         for i, f in enumerate(families)
     ]
+    names = [p["name"] for p, _ in params]
     if not scored or max(scored)[0] == 0:
-        names = ", ".join(p["name"] for p, _ in params)
-        notes.append(f"{where}: not replayed: no muongate layout lays {names} out as captured")
+        notes.drop(names, "no muongate layout lays it out as captured", where=where)
         return None
     family = max(scored)[-1]
     world = math.prod(mesh)
     target = mesh if world <= nproc else _smaller_mesh(mesh, nproc)
     if target is None:
-        notes.append(f"{where}: not replayed: a split on each of its dims needs --nproc {2 ** len(mesh)} or more")
+        notes.drop(names, f"a split on each of its dims needs --nproc {2 ** len(mesh)} or more", where=where)
         return None
     notes.append(
         f"{where} ({family.title}): as captured, {world} ranks"
@@ -316,31 +366,35 @@ def _param(
     target: tuple[int, ...],
     algorithm: Algorithm,
     taken: set[str],
-    notes: list[str],
+    notes: _Notes,
 ) -> ParamSpec | None:
     """One captured parameter as a ``ParamSpec`` on ``target``, or why not (into ``notes``)."""
     name, shape = p["name"], tuple(p["shape"])
     style = _match(family, p, placements, mesh)
     said = ", ".join(p["layout"]["placements"])
     if style is None:
-        notes.append(f"{name}: not replayed: {family.title} does not lay out a {len(shape)}-D parameter as ({said})")
+        notes.drop([name], f"{family.title} does not lay out a {len(shape)}-D parameter as ({said})")
         return None
     if p["dtype"] not in _DTYPES:
-        notes.append(f"{name}: not replayed: dtype {p['dtype']}; the gates run {' and '.join(_DTYPES)}")
+        notes.drop([name], f"dtype {p['dtype']}; the gates run {' and '.join(_DTYPES)}")
         return None
     captured = [r["local_shape"] for r in p["layout"]["ranks"]]
     for coord, local in local_shapes(shape, mesh, placements):
         rank = ranks[sum(c * math.prod(mesh[d + 1 :]) for d, c in enumerate(coord))]
         if rank >= len(captured) or tuple(captured[rank]) != local:
             held = captured[rank] if rank < len(captured) else "nothing"
-            notes.append(f"{name}: not replayed: rank {rank} holds {held}, where ({said}) gives {list(local)}")
+            notes.drop([name], f"rank {rank} holds {held}, where ({said}) gives {list(local)}")
             return None
-    use_muon = p["algorithm"] != "adamw" or not algorithm.hybrid
+    side = stepped_as(str(p["algorithm"]), algorithm)
+    if side is None:
+        notes.drop([name], f"stepped by {p['algorithm']}, which {algorithm.title} does not step")
+        return None
+    use_muon = side
     if use_muon and len(shape) not in algorithm.ndims:
         notes.append(f"{name}: {len(shape)}-D, which {algorithm.name} does not step: stepped by AdamW")
         use_muon = False
     if not algorithm.hybrid and not use_muon:
-        notes.append(f"{name}: not replayed: {algorithm.name} steps no {len(shape)}-D parameter")
+        notes.drop([name], f"{algorithm.name} steps no {len(shape)}-D parameter")
         return None
     new = shape
     if target != mesh:
@@ -361,7 +415,7 @@ def _resized(
     style: Style,
     family: Layout,
     name: str,
-    notes: list[str],
+    notes: _Notes,
 ) -> int:
     """Dim ``d`` of a parameter on the reduced ``target`` mesh, and a note of what it kept."""
     if not any(p[0] in ("shard", "strided") and p[1] == d for p in placements):

@@ -27,6 +27,7 @@ from reports.summary import (
     TRAINING_COLUMNS,
     GateSummary,
     RunSummary,
+    cause_reach_text,
     encodable,
     fmt,
     gate_outcome,
@@ -40,15 +41,17 @@ from reports.summary import (
     scenario_row,
     skip_groups,
     training_row,
+    unjudged_lines,
     unjudged_reason,
     worse,
 )
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:80em;padding:0 1em;color:#1b1b1b}
-table{border-collapse:collapse;margin:.5em 0 1em;display:block;max-width:100%;overflow-x:auto}th,td{border-bottom:1px solid #ddd;padding:.25em .6em;vertical-align:top}
-thead th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-caption{text-align:left;color:#555;padding-bottom:.2em}th[scope=row]{text-align:left;font-weight:normal;white-space:nowrap}
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:120em;padding:0 1em;color:#1b1b1b}
+p,li,dd{max-width:80em}
+table{border-collapse:collapse;margin:.5em 0 1em;display:block;max-width:100%;overflow-x:auto;font-size:.92em}th,td{border-bottom:1px solid #ddd;padding:.25em .35em;vertical-align:top}
+thead th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
+caption{text-align:left;color:#555;padding-bottom:.2em}th[scope=row]{text-align:left;font-weight:normal}
 .fail{color:#b71c1c;font-weight:bold}.pass{color:#1b5e20}.skip{color:#8d6e00}
 pre{background:#f7f7f7;padding:.6em;overflow-x:auto;white-space:pre-wrap}code{background:#f3f3f3;padding:0 .2em}
 figure{display:inline-block;margin:.5em;vertical-align:top}figcaption{font-size:.8em;color:#444;max-width:44em}
@@ -59,7 +62,7 @@ section{border-top:1px solid #eee;margin-top:1em}dl{display:grid;grid-template-c
 .note{color:#2e7d32;font-size:.85em}p.outcomes{font-size:1.15em;margin:.8em 0}
 .unjudged{background:#fff8e1;border-left:.4em solid #f9a825;padding:.5em .8em;font-weight:bold}
 .failure{border:1px solid #ef9a9a;border-left:.4em solid #c62828;padding:.2em 1em .6em;margin:1em 0}
-.failure h3{color:#b71c1c;margin:.4em 0}.eq{display:inline-block;min-width:10em}.mapnote{font-size:.8em;color:#444;max-width:60em}details.skips summary{cursor:pointer}details.skips ul{margin:.2em 0 .6em}
+.failure h3{color:#b71c1c;margin:.4em 0}.eq{display:inline-block;min-width:8em}.mapnote{font-size:.8em;color:#444;max-width:60em}details.skips summary{cursor:pointer}details.skips ul{margin:.2em 0 .6em}
 """
 
 #: a gate's outcome (``gate_outcome``) as the class of its badge: green bitwise or in tier, green
@@ -493,7 +496,7 @@ def _badge(g: GateSummary) -> str:
     shown = "differs" if outcome == "failed" else outcome
     badge = f'<span class="badge {_OUTCOME_CLASS.get(outcome, "o-fail")}">{_e(shown)}</span>'
     if outcome == "within causes" and g.cause_reach is not None:
-        return f'{badge}<br><span class="note">≤ {_e(fmt(g.cause_reach))} of the tier</span>'
+        return f'{badge}<br><span class="note">{_e(cause_reach_text(g.cause_reach))}</span>'
     return badge
 
 
@@ -504,6 +507,10 @@ def _gate_cells(g: GateSummary) -> list[str]:
     # "equal to" is a sentence where cases were within causes or not judged: room to read it
     equal = re.sub(r"(ref|self) ", r"\1&nbsp;", cells[5])
     cells[5] = f'<span class="eq">{equal}</span>'
+    # the table fits the window by wrapping its cells: a count stays with its word where it does
+    # (``12 (5 narrowed)``, ``1 hang, 1 abort``, ``+3 in tier``), not split from it
+    for i in (3, 4, 6):
+        cells[i] = re.sub(r"(\d+) (?=[a-z])", r"\1&nbsp;", cells[i].replace(" in tier", " in&nbsp;tier"))
     return [cells[0], _badge(g), *cells[1:]]
 
 
@@ -517,7 +524,7 @@ def _verdict(g: GateSummary) -> str:
     if outcome == "not judged":
         return f'<span class="badge o-unjudged">none of {g.cases} cases judged</span>: each differed where no tier could judge it'
     if outcome == "within causes":
-        reach = f", at most {fmt(g.cause_reach)} of their tier" if g.cause_reach is not None else ""
+        reach = f", {cause_reach_text(g.cause_reach)}" if g.cause_reach is not None else ""
         return (
             f'<span class="pass">no case failed</span>: {g.within_causes} of {g.cases} differ only within the '
             f'candidate\'s declared causes<span class="note">{_e(reach)}</span>{unjudged}'
@@ -620,6 +627,7 @@ def page(summary: RunSummary) -> str:
         + "</dl>"
         + _outcomes(summary)
         + (f'<p class="unjudged">NOT JUDGED: {_e(why)}</p>' if why else "")
+        + "".join(f'<p class="unjudged">NOT JUDGED: {_e(line)}</p>' for line in unjudged_lines(summary.unjudged))
         + _replayed(h)
         + "</header><main>",
     ]

@@ -23,6 +23,7 @@ from reports.summary import (
     test_names,
     title,
     training_row,
+    unjudged_lines,
     unjudged_reason,
 )
 
@@ -98,6 +99,8 @@ def to_markdown(summary: RunSummary) -> str:
     for routing in summary.routings:
         lines += ["", "## Routing", "", _cell(routing_caption(routing)), ""]
         lines += _table(ROUTING_COLUMNS, [tuple(row) for row in routing.rows], set())
+    if summary.unjudged:
+        lines += ["", "## Not judged", "", *(_cell(f"- {line}") for line in unjudged_lines(summary.unjudged))]
     if summary.skips:
         lines += ["", f"## Skipped: {len(summary.skips)} gate test(s)", ""]
         for text, skips in skip_groups(summary):

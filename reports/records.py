@@ -21,6 +21,9 @@ Kinds:
 ``skip``, ``scenario``, ``training``, ``spectrum``, ``negative_control``, ``routing``
     a skipped gate and why; what an MoE scenario did; a loss curve; singular values of an
     orthogonalized matrix; a known-wrong variant and whether the gates caught it.
+``unjudged``
+    the ledger's other side: a part of what the session was given (a captured parameter or
+    mesh, a declared layout) that no gate judged, and why.
 
 Schema 1 (muongate before the records had a home) repeated the case text on every
 comparison; ``upgrade_v1`` reads it. Schema 2 wrote each comparison as an object of its
@@ -458,8 +461,24 @@ class Routing(Record):
     rows: tuple[tuple[str, str, str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class Unjudged(Record):
+    """A part of what the session was given that no gate judged, and why: a captured parameter
+    or mesh the replay could not lay out (``harness.replay``), a layout the candidate declares
+    that this ``--nproc`` cannot draw. ``asked``: the user named it (a capture's parameter is
+    named by ``--layout-from``), so leaving it unjudged fails the session unless
+    ``--allow-unjudged``; otherwise it is shown, and fails nothing."""
+
+    kind: ClassVar[str] = "unjudged"
+    #: what was left: ``parameter layers.0.wq.weight``, ``mesh [2, 2]``, ``layout hsdp``
+    part: str
+    reason: str
+    asked: bool = True
+
+
 KINDS: dict[str, type[Record]] = {
-    cls.kind: cls for cls in (Header, CaseResult, Skip, Scenario, Training, Spectrum, NegativeControl, Routing)
+    cls.kind: cls
+    for cls in (Header, CaseResult, Skip, Scenario, Training, Spectrum, NegativeControl, Routing, Unjudged)
 }
 
 

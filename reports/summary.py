@@ -23,6 +23,7 @@ from reports.records import (
     Skip,
     Spectrum,
     Training,
+    Unjudged,
 )
 
 #: The bars of a gate's max|diff| histogram; a bitwise comparison is its own bar, never
@@ -147,6 +148,13 @@ class RunSummary:
     routings: list[Routing] = field(default_factory=list)
     #: cases that judged the session's candidate (``CaseResult.judged``), not counting those not judged
     candidate_cases: int = 0
+    #: the parts of what the session was given that no gate judged, each once (``Unjudged``)
+    unjudged: list[Unjudged] = field(default_factory=list)
+
+    @property
+    def unjudged_asked(self) -> list[Unjudged]:
+        """The unjudged parts the user named: each fails the session unless ``--allow-unjudged``."""
+        return [u for u in self.unjudged if u.asked]
 
     @property
     def empty(self) -> bool:
@@ -186,6 +194,8 @@ def summarize(records: Iterable[Record]) -> RunSummary:
             summary.spectra.append(r)
         elif isinstance(r, Routing):
             summary.routings = [x for x in summary.routings if x.gate != r.gate] + [r]
+        elif isinstance(r, Unjudged) and r not in summary.unjudged:  # each xdist worker writes its own
+            summary.unjudged.append(r)
     summary.failures = [last_failure[k] for k in sorted(last_failure)]
     return summary
 
@@ -242,10 +252,32 @@ def unjudged_reason(summary: RunSummary) -> str:
     return "nothing of the candidate was judged: " + ("; ".join(parts) or "no gate ran a case of it")
 
 
+def unjudged_lines(unjudged: Iterable[Unjudged]) -> list[str]:
+    """The ledger's unjudged parts, one line per reason: how many, whether the user named them,
+    the reason, and the first few parts."""
+    by: dict[tuple[bool, str], list[str]] = {}
+    for u in unjudged:
+        by.setdefault((u.asked, u.reason), []).append(u.part)
+    lines = []
+    for (asked, reason), parts in sorted(by.items(), key=lambda kv: (not kv[0][0], -len(kv[1]), kv[0][1])):
+        shown = ", ".join(parts[:4]) + (f" and {len(parts) - 4} more" if len(parts) > 4 else "")
+        lines.append(f"{len(parts)} {'named' if asked else 'declared'} part(s) not judged: {reason}: {shown}")
+    return lines
+
+
 def fmt(x: float | None) -> str:
     """A figure for a table: ``–`` where nothing was measured; ``nan``, ``inf`` and ``-inf`` as
     Python writes them (``-inf`` was ``inf`` here once, losing its sign)."""
     return "–" if x is None else f"{x:.3g}"
+
+
+def cause_reach_text(reach: float | None) -> str:
+    """How far into their causes' tier the cases within causes reached: ``≤ 0.74 of the tier``;
+    ``equal in value`` where it is 0 (each of their differences was a zero's sign), which
+    ``≤ 0 of the tier`` would leave the reader to work out."""
+    if reach == 0.0:
+        return "equal in value"
+    return f"≤ {fmt(reach)} of the tier"
 
 
 def encodable(text: str) -> str:
@@ -332,7 +364,7 @@ def _verdicts(g: GateSummary) -> str:
         if a in g.verdicts
     ]
     if g.within_causes:
-        shown.append(f"· {g.within_causes} within causes (≤ {fmt(g.cause_reach)} of the tier)")
+        shown.append(f"· {g.within_causes} within causes ({cause_reach_text(g.cause_reach)})")
     if g.not_judged:
         shown.append(f"· {g.not_judged} not judged")
     return " ".join(shown) or "–"

@@ -34,6 +34,7 @@ from reports.summary import (
     skip_reason,
     title,
     training_row,
+    unjudged_lines,
 )
 
 _OUTCOME_STYLE = {"completed": "green", "error": "bold red"}
@@ -209,4 +210,6 @@ def render(summary: RunSummary) -> Group:
         parts.append(_Fitted(table))
     for reason, n in Counter(skip_reason(s) for s in summary.skips).most_common():
         parts.append(_text(f"SKIPPED {n} gate test(s): {reason}", "yellow"))
+    for line in unjudged_lines(summary.unjudged):
+        parts.append(_text(f"NOT JUDGED: {line}", "bold red" if line.split()[1] == "named" else "yellow"))
     return Group(*parts)

@@ -10,7 +10,9 @@ import importlib.util
 import json
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -67,6 +69,28 @@ def test_the_feed_s_mean_gradient_is_the_same_bits_in_bf16_in_any_order_of_summa
         for piece in reversed(pieces):
             backwards = backwards + piece
         assert torch.equal((backwards / case.world_size).float(), expected), name
+
+
+@pytest.mark.parametrize("profile", ["dev", "ci"])
+def test_every_engine_cell_tries_a_matrix_that_straddles_two_partitions_first_in_every_profile(profile: str) -> None:
+    """The straddling case (``STRADDLE``, with ``reduce_scatter`` on where the cell takes it) is the
+    first case of every cell, so that a profile of 20 cases cannot miss a split-matrix reduction
+    bug (DeepSpeed 0.19.2's, matrix finding 26)."""
+    from hypothesis import HealthCheck
+
+    from harness.engines.case import STRADDLE
+
+    seen: list[Any] = []
+    declared = replace(FLAT.declared, reduce_scatter={1: (True, False)})  # as DeepSpeed declares stage 1
+    drawn = engine_cases(FLAT.spec, declared, 2, stage=1, optimizer="muon", accumulate=1, dtype="float32")
+
+    @settings(settings.get_profile(profile), max_examples=2, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=drawn)
+    def first(case: Any) -> None:
+        seen.append(case)
+
+    first()
+    assert seen[0].shapes == STRADDLE and seen[0].reduce_scatter is True, seen[0]
 
 
 @pytest.mark.slow

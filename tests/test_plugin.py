@@ -11,6 +11,7 @@ its user chose."""
 
 from __future__ import annotations
 
+import ast
 from xml.etree import ElementTree
 
 import pytest
@@ -68,9 +69,20 @@ BAD_OPTIONS = [
     (["--layout-from", "missing.json"], {}, "ERROR: --layout-from missing.json: cannot be read: No such file*"),
     (["--layout-from", "conftest.py"], {}, "ERROR: --layout-from conftest.py: not JSON (*"),
     (
-        ["--layout-from", str(REPO / "examples" / "captures" / "llama-fsdp16.json"), "--nproc", "1"],
+        [f"--layout-from={REPO / 'examples' / 'captures' / 'llama-fsdp16.json'}", "--nproc", "1"],
         {},
-        "ERROR: --layout-from */llama-fsdp16.json: nothing of it can be replayed: mesh [[]16]: not replayed: a split on each *--nproc 2 or more",
+        "ERROR: --layout-from */llama-fsdp16.json: nothing of it can be replayed:",
+    ),
+    (
+        # the next line of the same refusal: one line per reason, each naming the parameters
+        [f"--layout-from={REPO / 'examples' / 'captures' / 'llama-fsdp16.json'}", "--nproc", "1"],
+        {},
+        "21 named part(s) not judged: mesh [[]16]: a split on each of its dims needs --nproc 2 or more: parameter *",
+    ),
+    (
+        ["--layout-from", str(REPO / "examples" / "captures" / "llama-fsdp16.json")],
+        {},
+        "ERROR: --layout-from */llama-fsdp16.json: pytest took * for a test path * write --layout-from=*",
     ),
     (
         ["--reference", "reference:AdamW"],
@@ -83,6 +95,18 @@ BAD_OPTIONS = [
         {},
         "ERROR: --reference reference:NorMuon: *name a candidate of NorMuon with --impl, e.g. "
         "--impl distributed_impl:ShardedNorMuon",
+    ),
+    (
+        ["--reference", "AdamW"],
+        {},
+        "ERROR: --reference AdamW: 'AdamW' is not of the form MODULE:NAME; muongate's references are reference:Muon, "
+        "reference:NorMuon, reference:AdamW, *, and none (with --against self)",
+    ),
+    (
+        ["--reference", "reference:Adam"],
+        {},
+        "ERROR: --reference reference:Adam: module 'reference' has no attribute 'Adam'; muongate's references are "
+        "reference:Muon, *",
     ),
     (["--reference", "reference:muon_update"], {}, "ERROR: --reference reference:muon_update: *"),
     (["--reference", "reference:apply_update"], {}, "ERROR: --reference reference:apply_update: declares no DEFAULTS*"),
@@ -124,6 +148,20 @@ def test_a_factory_the_ranks_cannot_receive_is_refused_at_once(suite: pytest.Pyt
         ["ERROR: --impl closure_impl:muon: the ranks receive it by pickling, and it does not pickle (*"
          "make it a function or class defined at the top level of its module*"]
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("gate", ["one_step", "several_steps", "checkpoint"])
+def test_the_gates_the_docs_name_are_selected_by_that_name_with_k(gate: str) -> None:
+    """``-k one_step`` selects the gate the README, the gates page and the report call
+    ``one_step``: its test's name holds the gate's name (it once did not, and selected nothing)."""
+    source = (REPO / "gates" / "test_optimizer_gates.py").read_text(encoding="utf-8")
+    tests = [
+        node.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef)
+        and f'gate_runner.check("{gate}"' in (ast.get_source_segment(source, node) or "")
+    ]
+    assert tests and all(gate in name for name in tests), tests
 
 
 JUNIT_GATE = """
@@ -307,7 +345,7 @@ def test_this_checkouts_gates_collected_from_elsewhere_keep_the_profile_the_user
     elsewhere that collects the checkout's gates imports it during collection, and once did so
     over ``--hypothesis-profile`` (200 cases where the user asked for 20)."""
     result = other_project.runpytest_subprocess(
-        "-p", "harness.plugin", "--pyargs", "gates.test_optimizer_gates", "-k", "one_sharded_step", "--nproc", "2",
+        "-p", "harness.plugin", "--pyargs", "gates.test_optimizer_gates", "-k", "one_step", "--nproc", "2",
         "--hypothesis-profile", "dev", "-p", "no:cacheprovider", "--gate-report", "report", timeout=300,
     )  # fmt: skip
     result.assert_outcomes(passed=1)

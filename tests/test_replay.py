@@ -157,6 +157,49 @@ def test_a_16_rank_fsdp2_capture_replays_on_two_ranks_with_its_pieces() -> None:
     assert not any(p.use_muon for p in only.case.params if p.name.startswith(("embed", "output", "norm")))
 
 
+def test_a_two_optimizer_capture_replays_its_adamw_half_as_adamw(pool: Any, tmp_path: Path) -> None:
+    """Muon's matrices and torch.optim.AdamW's embedding and norm, captured into one file: each
+    parameter replays under the algorithm that stepped it (the embedding is a matrix, stepped by
+    AdamW), with each optimizer's own settings (AdamW's lr as the reference's ``adamw_lr``)."""
+    from harness.tasks import selftest as selftest_tasks
+
+    path = tmp_path / "two.json"
+    ran = pool.run(selftest_tasks.two_optimizer_capture, str(path), world_size=2)
+    assert ran.ok, ran.failure.describe()
+    capture = load_capture(path)
+    assert {p["name"]: p["algorithm"] for p in capture.params} == {
+        "1.weight": "muon", "0.weight": "AdamW", "2.weight": "AdamW", "2.bias": "AdamW",
+    }  # fmt: skip
+    assert "distributed_impl.muon.ShardedMuon, torch.optim.adamw.AdamW" in capture.job["optimizer"]
+    (only,) = replay(capture, nproc=2, algorithm=MUON).meshes
+    assert {p.name: p.use_muon for p in only.case.params} == {
+        "p1_weight": True, "p0_weight": False, "p2_weight": False, "p2_bias": False,
+    }  # fmt: skip
+    fixed = dict(only.fixed)
+    assert (fixed["lr"], fixed["adamw_lr"], fixed["adamw_weight_decay"]) == (0.05, 0.003, 0.0), fixed
+
+
+def test_an_optimizer_the_reference_does_not_emulate_is_not_replayed_and_is_in_the_ledger(tmp_path: Path) -> None:
+    """A group ``torch.optim.SGD`` steps is neither of Muon's sides: named, not stepped as Muon."""
+    path = _fsdp_tp_capture(tmp_path / "sgd.json", 2, 2, {"w": ((8, 4), "colwise"), "v": ((6, 6), "rowwise")})
+    data = json.loads(path.read_text())
+    data["params"][1]["algorithm"] = "SGD"
+    data["params"][0]["algorithm"] = "AdamW"
+    path.write_text(json.dumps(data))
+    replayed = replay(load_capture(path), nproc=4, algorithm=MUON)
+    (only,) = replayed.meshes
+    assert [(p.name, p.use_muon) for p in only.case.params] == [("w", False)]
+    assert "v: not replayed: stepped by SGD, which reference.Muon does not step" in replayed.lines
+    assert [(u.part, u.asked) for u in replayed.unjudged] == [("parameter v", True)]
+
+
+def test_a_mesh_too_large_for_the_pool_leaves_each_of_its_parameters_in_the_ledger(tmp_path: Path) -> None:
+    capture = load_capture(_fsdp_tp_capture(tmp_path / "llama-64.json", 8, 8, LLAMA_64))
+    dropped = replay(capture, nproc=2, algorithm=MUON).unjudged
+    assert {u.part for u in dropped} == {f"parameter {name}" for name in LLAMA_64}
+    assert {u.reason for u in dropped} == {"mesh [8, 8]: a split on each of its dims needs --nproc 4 or more"}
+
+
 @given(
     case=st.one_of(
         cases(max_world=8, max_params=3, max_steps=1, algorithm=MUON),
@@ -174,7 +217,7 @@ def test_no_drawn_case_fills_the_bucket_the_planted_replay_bug_needs(case: Any) 
 def test_a_session_replays_a_captured_layout_and_its_report_says_what_it_kept(pytester: pytest.Pytester) -> None:
     pytester.makeconftest("pytest_plugins = ['harness.plugin']")
     result = run_pytest(
-        pytester, "--pyargs", "gates.test_replay_gates", "--nproc", "2", "--layout-from", str(LLAMA),
+        pytester, "--pyargs", "gates.test_replay_gates", "--nproc", "2", f"--layout-from={LLAMA}",
         "--gate-report=report", "-p", "no:cacheprovider", timeout=600,
     )  # fmt: skip
     assert result.ret == 0, result.stdout.str()[-3000:]
@@ -185,6 +228,37 @@ def test_a_session_replays_a_captured_layout_and_its_report_says_what_it_kept(py
     assert "| replay:clip:torch | torch: clipping |" in markdown, "torch's clip judged on the replay"
     assert "## Routing" in markdown and "layers_0_wq_weight[64, 512] | Muon | Muon | ok |" in markdown
     result.stdout.fnmatch_lines(["*replay:PastFirstBucketMuon*yes*", "routing audit · replay:routing: *as declared*"])
+
+
+@pytest.mark.slow
+def test_a_replay_that_drops_a_captured_mesh_is_not_green(pytester: pytest.Pytester) -> None:
+    """A dp 2 × tp 2 job with a norm vector on a 1-D mesh, replayed at ``--nproc 2``: the norm
+    replays, its 2-D mesh (every matrix) cannot, and the session exits 1 naming what it left out,
+    one line per reason, unless ``--allow-unjudged`` (which still names it)."""
+    path = _fsdp_tp_capture(pytester.path / "job.json", 2, 2, {"w": ((8, 4), "colwise"), "v": ((6, 6), "rowwise")})
+    data = json.loads(path.read_text())
+    pieces = [{"local_shape": [n], "offset": [0]} for n in (2, 2, 2, 0)]
+    mesh = {"shape": [4], "dim_names": ["dp"], "ranks": [0, 1, 2, 3]}
+    layout = {"mesh": mesh, "placements": ["Shard(dim=0)"], "ranks": pieces}
+    data["params"].append({**data["params"][0], "name": "norm", "shape": [6], "layout": layout, "algorithm": "adamw"})
+    path.write_text(json.dumps(data))
+    pytester.makeconftest("pytest_plugins = ['harness.plugin']")
+    args = ("--pyargs", "gates.test_replay_gates", "--nproc", "2", f"--layout-from={path}", "-p", "no:cacheprovider")
+    args += ("--hypothesis-profile", "dev", "-k", "matches_reference", "--gate-report=report")
+    red = run_pytest(pytester, *args, timeout=300)
+    assert red.ret == 1, red.stdout.str()[-3000:]
+    red.stdout.fnmatch_lines(
+        [
+            "NOT JUDGED: 2 named part(s) not judged: mesh [[]2, 2]: a split on each of its dims needs --nproc 4 or"
+            " more: parameter w, parameter v",
+            "muongate: NOT JUDGED: 2 part(s) of what you named were not judged*--allow-unjudged accepts that",
+            "*1 passed*",
+        ]
+    )
+    assert "## Not judged" in (pytester.path / "report" / "equivalence.md").read_text()
+    allowed = run_pytest(pytester, *args, "--allow-unjudged", timeout=300)
+    assert allowed.ret == 0, allowed.stdout.str()[-3000:]
+    allowed.stdout.fnmatch_lines(["NOT JUDGED: 2 named part(s) not judged: *", "*(--allow-unjudged)"])
 
 
 def _round_trip(pool: Any, case: Any) -> None:

@@ -43,6 +43,7 @@ from reports.records import (
     Status,
     TierKind,
     Training,
+    Unjudged,
     dumps,
 )
 from reports.stream import ResultStream, read_stream
@@ -136,8 +137,10 @@ headers = st.builds(
     time=texts,
     probed=st.lists(texts, max_size=2).map(tuple),
     engine=texts,
+    cpu=texts,
 )
 others = st.one_of(
+    st.builds(Unjudged, part=texts, reason=texts, asked=st.booleans()),
     st.builds(Skip, gate=names, reason=texts),
     st.builds(
         Scenario,
@@ -314,6 +317,30 @@ def test_a_failing_case_with_infinite_and_finite_differences_is_in_every_report_
     data = _strict_json((tmp_path / "figures.json").read_text(encoding="utf-8"))
     assert data["gates"]["kernel:vs_reference"]["worst_abs_diff"] == "inf"
     assert from_figures(data).gates["kernel:vs_reference"].worst_abs_diff == math.inf
+
+
+def test_a_nan_against_a_number_reads_nan_in_every_report_file(tmp_path: Path) -> None:
+    """``harness.compare`` gives a NaN against a number a max|diff| of NaN (it was inf, which
+    read as a number's difference); each file shows it as nan, after a finite one too."""
+    nan = CaseResult(
+        1, "one_step", "w[4] float32 · world 2", "failed", "2 of 2 comparisons failed", reproduce="pytest x",
+        comparisons=(
+            Comparison("w", (4,), step=0, bitwise=False, passed=False, max_abs_diff=0.25, max_ulp=9.0, mismatches=1),
+            Comparison("w", (4,), step=1, bitwise=False, passed=False, max_abs_diff=math.nan, max_ulp=math.inf,
+                       mismatches=1, expected_at_worst=2.0, actual_at_worst=math.nan),
+        ),
+    )  # fmt: skip
+    summary = summarize([Header(), nan])
+    assert math.isnan(summary.gates["one_step"].worst_abs_diff or 0.0)
+    write_files(summary, tmp_path)
+    assert re.search(r"one_step .* nan +inf ", _terminal(summary)), _terminal(summary)
+    assert "| nan | inf |" in (tmp_path / "equivalence.md").read_text(encoding="utf-8")
+    html = (tmp_path / "equivalence.html").read_text(encoding="utf-8")
+    _check_page(html, summary)
+    assert '<td class="num">nan</td>' in html and "w step 1: max|diff| nan" in html
+    data = _strict_json((tmp_path / "figures.json").read_text(encoding="utf-8"))
+    assert data["gates"]["one_step"]["worst_abs_diff"] == "nan"
+    assert math.isnan(from_figures(data).gates["one_step"].worst_abs_diff or 0.0)
 
 
 def test_a_nan_difference_is_the_gate_s_worst_whatever_the_order_it_came_in() -> None:

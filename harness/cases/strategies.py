@@ -33,11 +33,32 @@ def _check_bounds(name_lo: str, lo: int, name_hi: str, hi: int) -> None:
         raise ValueError(f"{name_lo}={lo} is larger than {name_hi}={hi}")
 
 
+#: the tile sizes kernels block by (16, 32, 64, 128): a matrix of ``tile_shapes`` gives each
+#: rank a piece one past one of them, in rows or in columns
+TILES = (16, 32, 64, 128)
+
+
+def tile_shapes(world_size: int) -> st.SearchStrategy[tuple[int, int]]:
+    """Matrices whose pieces on ``world_size`` ranks cross a tile boundary (``TILES``): split by
+    rows, each rank but the last holds ``t + 1`` rows (``t`` a tile), or, split by columns (TP's
+    row-wise style), ``t + 1`` columns, the other side small enough that the whole matrix stays
+    under 18,000 elements at 8 ranks. A kernel that blocks by 16 to 128 and slips at a block's
+    edge (leaves the rows past the first block unchanged, say) shows only on pieces that large;
+    the drawn sides stay under 48, so ``matrix_shapes`` draws these too, now and then."""
+    w = max(1, world_size)
+    pairs = list(zip(TILES, reversed(TILES), strict=True))  # (16, 128), (32, 64), (64, 32), (128, 16)
+    by_rows = [((t + 1) * w - (w > 1), o + 1) for t, o in pairs]
+    by_cols = [(o + 1, (t + 1) * w - (w > 1)) for t, o in pairs]
+    return st.sampled_from(by_rows + by_cols)
+
+
 def matrix_shapes(
-    *, min_side: int = 1, max_side: int = 48, world_size: int = 2, experts: bool = False
+    *, min_side: int = 1, max_side: int = 48, world_size: int = 2, experts: bool = False, tiles: bool = True
 ) -> st.SearchStrategy[tuple[int, ...]]:
     """2-D shapes (square, tall, wide, 1 row, fewer rows than ranks, rows not divisible by
-    the world size, prime sides) and, with ``experts``, 3-D ``[E, rows, cols]`` stacks.
+    the world size, prime sides) and, with ``experts``, 3-D ``[E, rows, cols]`` stacks; with
+    ``tiles``, about one matrix in twelve whose pieces cross a kernel's tile (``tile_shapes``,
+    past ``max_side``; never in a stack).
 
     Shrinks towards a small square matrix. Sub-strategies are built here, once: building
     them inside every draw made drawing a case several times slower.
@@ -57,10 +78,15 @@ def matrix_shapes(
     matrices = st.one_of(special, st.tuples(sides, sides)).map(
         lambda rc: (max(min_side, min(rc[0], max_side)), max(min_side, min(rc[1], max_side)))
     )
+    drawn: st.SearchStrategy[tuple[int, ...]] = matrices
+    if tiles:
+        # one in twelve, shrinking to the drawn matrices (False first)
+        tiled, big = st.sampled_from([False] * 11 + [True]), tile_shapes(world_size)
+        drawn = st.tuples(tiled, matrices, big).map(lambda t: t[2] if t[0] else t[1])
     if not experts:
-        return matrices
+        return drawn
     stacks = st.tuples(st.integers(1, 2 * world_size + 1), matrices).map(lambda em: (em[0], *em[1]))
-    return st.one_of(matrices, stacks)
+    return st.one_of(drawn, stacks)
 
 
 @functools.cache
@@ -466,10 +492,14 @@ def qk_clip_cases(*, max_world: int = 2, max_steps: int = 3) -> st.SearchStrateg
 def replay_cases(replay: Replay, *, max_steps: int = 3, algorithm: Algorithm) -> st.SearchStrategy[Case]:
     """The cases of a replayed capture (``harness.replay``): one of its meshes, exactly as the
     replay laid it out, with the settings the file fixes; the values (the seed), the steps, the
-    mode and every other setting drawn. Shrinks towards the first mesh, one step, the defaults."""
+    mode and every other setting drawn. A mesh is drawn as often as it holds parameters, so that
+    cases spread over the captured parameters, not over meshes (a mesh of seven norm vectors
+    beside one of every matrix drew half the cases once). Shrinks towards the first mesh, one
+    step, the defaults."""
 
+    by_params = [m for m in replay.meshes for _ in m.case.params]
     meshes, settings_drawn, steps_drawn = (
-        st.sampled_from(replay.meshes),
+        st.sampled_from(by_params),
         settings_of(algorithm),
         st.integers(1, max_steps),
     )

@@ -202,10 +202,20 @@ class EngineCase:
         )
 
 
+#: the shapes every engine cell tries first, in every profile: one ``[1, 3]`` matrix, whose three
+#: elements straddle two partitions at 2 and 4 ranks (a ZeRO engine that reduces only a rank's own
+#: part of a split matrix, DeepSpeed 0.17.6 to 0.19.2 with ``reduce_scatter`` on, matrix finding 26,
+#: is red on it; 20 drawn cases of ``dev`` did not always draw one)
+STRADDLE: tuple[tuple[int, ...], ...] = ((1, 3),)
+
+
 def _shapes(max_params: int) -> st.SearchStrategy[tuple[tuple[int, ...], ...]]:
+    """The straddling case (``STRADDLE``: what hypothesis tries first and shrinks towards), or up
+    to ``max_params`` matrices and vectors of sides 1 to 9."""
     matrix = st.tuples(st.integers(1, 9), st.integers(1, 9))
     vector = st.tuples(st.integers(1, 9))
-    return st.lists(st.one_of(matrix, vector), min_size=1, max_size=max_params).map(tuple)
+    drawn = st.lists(st.one_of(matrix, vector), min_size=1, max_size=max_params).map(tuple)
+    return st.one_of(st.just(STRADDLE), drawn)
 
 
 def _settings(optimizer: str, options: Any = None) -> st.SearchStrategy[tuple[tuple[str, Any], ...]]:
@@ -257,7 +267,8 @@ def engine_cases(
             optimizer=chosen,
             stage=at,
             accumulate=draw(one(accumulate, declared.accumulate)),
-            reduce_scatter=None if scatter is None else draw(st.sampled_from(scatter)),
+            # on first (the straddling case is tried with it): ZeRO's default, and where finding 26 shows
+            reduce_scatter=None if scatter is None else draw(st.sampled_from(sorted(scatter, reverse=True))),
             dtype=draw(one(dtype, declared.dtypes)),
             shapes=shapes,
             no_grad=no_grad,

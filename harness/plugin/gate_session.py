@@ -191,7 +191,7 @@ class GateSession:
         return self._load_plugin("engine", LoadedEngine.load, "MODULE:FACTORY")
 
     def _replay(self) -> Any:
-        """``--layout-from FILE`` as the cases the replay gate runs (``harness.replay``); a file that
+        """``--layout-from=FILE`` as the cases the replay gate runs (``harness.replay``); a file that
         cannot be read, or of which nothing can be replayed, is a usage error naming why."""
         from harness.capture import CaptureError, load_capture
         from harness.replay import replay
@@ -205,9 +205,10 @@ class GateSession:
             raise pytest.UsageError(f"--layout-from {e}") from None
         replayed = replay(capture, nproc=self.nproc, algorithm=self.algorithm)
         if not replayed.meshes:
-            raise pytest.UsageError(
-                f"--layout-from {path}: nothing of it can be replayed: {'; '.join(replayed.lines[1:])}"
-            )
+            from reports.summary import unjudged_lines
+
+            why = unjudged_lines(replayed.unjudged)
+            raise pytest.UsageError("\n".join([f"--layout-from {path}: nothing of it can be replayed:", *why]))
         return replayed
 
     def _algorithm(self) -> Any:
@@ -350,6 +351,9 @@ class GateSession:
                 threads=None if torchrun else config.getoption("rank_threads"),
             )
         )
+        if replay is not None:  # the ledger: what of the capture no gate will judge
+            for part in replay.unjudged:
+                runner.write(part)
         self.runner = runner
         self._flush_skips()
         try:
@@ -513,8 +517,9 @@ class GateSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """A session that named a candidate (``--impl``, ``--engine``) and judged nothing of it fails,
-        naming why, unless ``--allow-unjudged``; with ``--gate-baseline``, a regression against the
-        stored figures fails it too."""
+        naming why, unless ``--allow-unjudged``; so does one that left unjudged a part the user named
+        (a captured parameter or mesh: the ledger's ``Unjudged`` records); with ``--gate-baseline``, a
+        regression against the stored figures fails it too."""
         self.session = session
         config = self.config
         streams = self._streams()
@@ -526,6 +531,9 @@ class GateSession:
         summary = self.summary = summarize(read_streams(streams))
         named = config.getoption("impl") or config.getoption("engine")
         why = unjudged_reason(summary) if named else ""
+        asked = summary.unjudged_asked
+        if asked and not why:  # parts the user named by --layout-from, each listed in the report
+            why = f"{len(asked)} part(s) of what you named were not judged, listed above by reason"
         if why:
             self.unjudged = why
             if not config.getoption("allow_unjudged") and session.exitstatus == pytest.ExitCode.OK:

@@ -152,7 +152,7 @@ def check_options(config: pytest.Config) -> None:
 
 #: the options whose value is a path: pytest chooses its rootdir and configfile before any plug-in's
 #: options are known, so the value of ``--gate-report DIR`` (two tokens) is a test path to it there
-_PATH_OPTIONS = ("--gate-report", "--gate-baseline")
+_PATH_OPTIONS = ("--gate-report", "--gate-baseline", "--layout-from")
 
 
 def _check_path_spelling(config: pytest.Config) -> None:

@@ -211,3 +211,25 @@ def layout_capture(ctx: RankContext, payload: tuple[Any, str]) -> bool:
     groups = param_groups((s.name, case_param(model, s.name), s.use_muon) for s in case.params)
     capture(model, torch.optim.SGD(groups, lr=0.1), path, group=ctx.group)
     return True
+
+
+def two_optimizer_capture(ctx: RankContext, path: str) -> bool:
+    """A job of two optimizers, as users write one: an FSDP2 model whose hidden matrices
+    ``ShardedMuon`` steps and whose embedding and norm ``torch.optim.AdamW`` steps, both captured
+    into one file (``harness.capture``, a list of optimizers)."""
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from distributed_impl import ShardedMuon
+    from harness.capture import capture
+
+    torch.manual_seed(0)
+    embed, hidden, norm = nn.Embedding(11, 6), nn.Linear(6, 5, bias=False), nn.LayerNorm(5)
+    model = nn.Sequential(embed, hidden, norm)
+    fully_shard(model, mesh=DeviceMesh.from_group(ctx.group, "cpu", mesh_dim_names=("dp",)))
+    muon = ShardedMuon([hidden.weight], lr=0.05)
+    adamw = torch.optim.AdamW([embed.weight, *norm.parameters()], lr=0.003, weight_decay=0.0)
+    capture(model, [muon, adamw], path, group=ctx.group)
+    return True
