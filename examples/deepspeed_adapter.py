@@ -37,7 +37,9 @@ What it declares, and why:
   shares with its one-device optimizer fails the gate, and one of the one-device optimizer
   alone does not fail a correct stage. A bf16 model's momentum is rounded to bf16 at stages 1–3
   (``examples/findings/deepspeed_muon_bf16_momentum.py``), which the reference does not take:
-  those cells fail by design.
+  those cells differ, a finding. A CI that runs DeepSpeed as it is accepts its documented
+  findings for the release they hold for: ``--accept=examples/accepted/deepspeed-0.19.8.toml``
+  (``harness/plugin/accepted.py``) keeps exactly those cells green as accepted.
 - Universal checkpoints (``ds_to_universal``) convert stages 1–3 of AdamW for another world
   size; DeepSpeed's converter knows AdamW's state only, so Muon's momentum is not declared.
 - Per-head Muon (``"per_head_muon": true``, ``per_head``), where the release has it: DeepSpeed
@@ -379,8 +381,9 @@ def conventions(config: EngineConfig, release: Version = RELEASE) -> dict[str, A
     reshard_stages={1, 2, 3},
     reshard_optimizers={"adamw"},
     missing_gradient="zeros",
-    # each said in the module docstring; the bf16 momentum fails the bf16 Muon cells of stages 1–3
-    # by design (examples/findings/deepspeed_muon_bf16_momentum.py)
+    # each said in the module docstring; the bf16 momentum makes the bf16 Muon cells of stages 1–3
+    # differ (examples/findings/deepspeed_muon_bf16_momentum.py; accepted, for 0.19.8, by
+    # examples/accepted/deepspeed-0.19.8.toml)
     differences={"muon": ("bf16 momentum at stages 1–3",), "*": ("torch.compile off",)},
     per_head=PER_HEAD_SETTING if PER_HEAD else None,
     # the ZeRO optimizers divide by the clip ratio (unscale_and_clip_grads) and keep the norm;

@@ -56,6 +56,11 @@ class Layout:
             return (2, world // 2) if world >= 4 and world % 2 == 0 else None
         return (2, 2, world // 4) if world >= 8 and world % 4 == 0 else None
 
+    @property
+    def min_world(self) -> int:
+        """The fewest ranks it runs on (``mesh``): 1 for FSDP2, 2 for TP, 4 for a 2-D family, 8 for HSDP × TP."""
+        return next(w for w in range(1, 9) if self.mesh(w) is not None)
+
     def degrees_on(self, mesh: tuple[int, ...]) -> tuple[int, int]:
         """``(tp, ep)``: the tensor- and expert-parallel ranks of this family on ``mesh`` (its
         ``tp`` and ``ep`` dims' sizes, 1 where it has none)."""

@@ -29,6 +29,7 @@ from reports.summary import (
     RunSummary,
     cause_reach_text,
     encodable,
+    failure_word,
     fmt,
     gate_outcome,
     gate_row,
@@ -58,7 +59,7 @@ figure{display:inline-block;margin:.5em;vertical-align:top}figcaption{font-size:
 section{border-top:1px solid #eee;margin-top:1em}dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em}dt{font-weight:bold}
 .badge{display:inline-block;padding:0 .45em;border-radius:.25em;white-space:nowrap;font-size:.9em}
 .o-bitwise,.o-tier{background:#e8f5e9;color:#1b5e20}.o-causes{background:#e8f5e9;color:#1b5e20;box-shadow:inset 0 0 0 1px #66bb6a}
-.o-unjudged{background:#fff8e1;color:#7a5d00;box-shadow:inset 0 0 0 1px #f9a825}.o-fail{background:#ffebee;color:#b71c1c;font-weight:bold}
+.o-unjudged{background:#fff8e1;color:#7a5d00;box-shadow:inset 0 0 0 1px #f9a825}.o-accepted{background:#fff3e0;color:#8a3c00;box-shadow:inset 0 0 0 1px #ef6c00}.o-fail{background:#ffebee;color:#b71c1c;font-weight:bold}
 .note{color:#2e7d32;font-size:.85em}p.outcomes{font-size:1.15em;margin:.8em 0}
 .unjudged{background:#fff8e1;border-left:.4em solid #f9a825;padding:.5em .8em;font-weight:bold}
 .failure{border:1px solid #ef9a9a;border-left:.4em solid #c62828;padding:.2em 1em .6em;margin:1em 0}
@@ -67,7 +68,13 @@ section{border-top:1px solid #eee;margin-top:1em}dl{display:grid;grid-template-c
 
 #: a gate's outcome (``gate_outcome``) as the class of its badge: green bitwise or in tier, green
 #: with a note within causes, yellow not judged, red whatever differed or crashed
-_OUTCOME_CLASS = {"bitwise": "o-bitwise", "in tier": "o-tier", "within causes": "o-causes", "not judged": "o-unjudged"}
+_OUTCOME_CLASS = {
+    "bitwise": "o-bitwise",
+    "in tier": "o-tier",
+    "within causes": "o-causes",
+    "accepted": "o-accepted",
+    "not judged": "o-unjudged",
+}
 
 
 def anchor(gate: str) -> str:
@@ -559,7 +566,7 @@ def _failure(summary: RunSummary, i: int, f: CaseResult) -> str:
     """A failure's minimal case, as the terminal shows it under the gate table, with its pictures."""
     tried = summary.gates[f.gate].failed_cases if f.gate in summary.gates else 0
     return (
-        f'<div class="failure" id="failure-{i}"><h3>FAILED <a href="#{anchor(f.gate)}">{_e(f.gate)}</a>: '
+        f'<div class="failure" id="failure-{i}"><h3>{_e(failure_word(summary, f.gate))} <a href="#{anchor(f.gate)}">{_e(f.gate)}</a>: '
         f"{_e(f.finding)}</h3><p>{tried} failing case(s) while shrinking; minimal case:</p>"
         f"<p><code>{_e(f.case)}</code></p>"
         + (f"<p>narrowed for the candidate: {_e('; '.join(f.narrowed))}</p>" if f.narrowed else "")

@@ -13,6 +13,7 @@ from reports.summary import (
     TRAINING_COLUMNS,
     RunSummary,
     encodable,
+    failure_word,
     gate_row,
     layout_rows,
     names_candidate,
@@ -67,7 +68,10 @@ def to_markdown(summary: RunSummary) -> str:
         lines += ["", *_table(GATE_COLUMNS, [gate_row(g) for g in summary.ordered_gates()], numeric)]
     for f in summary.failures:
         tried = summary.gates[f.gate].failed_cases if f.gate in summary.gates else 0
-        lines += ["", f"**FAILED** `{f.gate}`: {f.finding} ({tried} failing case(s) while shrinking)"]
+        lines += [
+            "",
+            f"**{_cell(failure_word(summary, f.gate))}** `{f.gate}`: {f.finding} ({tried} failing case(s) while shrinking)",
+        ]
         lines += ["", f"minimal case: `{f.case}`"]
         if f.narrowed:
             lines += ["", f"narrowed for the candidate: {'; '.join(f.narrowed)}"]

@@ -21,6 +21,8 @@ Kinds:
 ``skip``, ``scenario``, ``training``, ``spectrum``, ``negative_control``, ``routing``
     a skipped gate and why; what an MoE scenario did; a loss curve; singular values of an
     orthogonalized matrix; a known-wrong variant and whether the gates caught it.
+``accepted``
+    a gate whose failures the user accepted as a known finding (``--accept``).
 ``unjudged``
     the ledger's other side: a part of what the session was given (a captured parameter or
     mesh, a declared layout) that no gate judged, and why.
@@ -476,9 +478,22 @@ class Unjudged(Record):
     asked: bool = True
 
 
+@dataclass(frozen=True)
+class Accepted(Record):
+    """A gate whose failing cases the user accepted as a known finding (``--accept FILE``,
+    ``harness.plugin.accepted``): shown as accepted, naming the finding, never as bitwise."""
+
+    kind: ClassVar[str] = "accepted"
+    gate: str
+    finding: str
+    reason: str
+    #: the file that accepted it
+    source: str = ""
+
+
 KINDS: dict[str, type[Record]] = {
     cls.kind: cls
-    for cls in (Header, CaseResult, Skip, Scenario, Training, Spectrum, NegativeControl, Routing, Unjudged)
+    for cls in (Header, CaseResult, Skip, Scenario, Training, Spectrum, NegativeControl, Routing, Unjudged, Accepted)
 }
 
 

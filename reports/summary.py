@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from reports.records import (
     CAUSE_REACH,
+    Accepted,
     CaseResult,
     Comparison,
     Header,
@@ -88,6 +89,8 @@ class GateSummary:
     cause_reach: float | None = None
     #: cases that differed where no tier could judge them (``reports.records.Status``)
     not_judged: int = 0
+    #: the finding the user accepted this gate's failures as (``--accept``), and why; empty: none
+    accepted: str = ""
 
     def add(self, case: CaseResult) -> None:
         self.cases += 1
@@ -173,6 +176,7 @@ def summarize(records: Iterable[Record]) -> RunSummary:
     """
     summary = RunSummary(Header(), {})
     last_failure: dict[tuple[str, str], CaseResult] = {}
+    accepted: dict[str, str] = {}
     for r in records:
         if isinstance(r, Header):
             summary.header = r
@@ -196,6 +200,11 @@ def summarize(records: Iterable[Record]) -> RunSummary:
             summary.routings = [x for x in summary.routings if x.gate != r.gate] + [r]
         elif isinstance(r, Unjudged) and r not in summary.unjudged:  # each xdist worker writes its own
             summary.unjudged.append(r)
+        elif isinstance(r, Accepted):
+            accepted[r.gate] = f"{r.finding}: {r.reason}"
+    for gate, why in accepted.items():
+        if gate in summary.gates:
+            summary.gates[gate].accepted = why
     summary.failures = [last_failure[k] for k in sorted(last_failure)]
     return summary
 
@@ -371,10 +380,12 @@ def _verdicts(g: GateSummary) -> str:
 
 
 def gate_outcome(g: GateSummary) -> str:
-    """The gate's outcome over its cases: ``differs`` (or the crash it had), ``not judged`` where no
-    case was judged, ``within causes`` where some differed only within the declared causes, else
+    """The gate's outcome over its cases: ``differs`` (or the crash it had), ``accepted`` where the
+    user accepted its failures as a known finding (``--accept``), ``not judged`` where no case was judged, ``within causes`` where some differed only within the declared causes, else
     ``bitwise`` or ``in tier``."""
     if g.failed_cases:
+        if g.accepted:
+            return "accepted"
         return g.statuses.most_common(1)[0][0] if g.statuses else "differs"
     if g.cases == g.not_judged:
         return "not judged"
@@ -385,7 +396,9 @@ def gate_outcome(g: GateSummary) -> str:
 
 
 #: the outcomes a run's top line counts (``outcome_line``), in its order; a crash counts by its name after them
-OUTCOMES = ("bitwise", "in tier", "within causes", "not judged", "differ")
+OUTCOMES = ("bitwise", "in tier", "within causes", "accepted", "not judged", "differ")
+#: the outcomes the top line shows only where some gate had them
+_SHOWN_IF_ANY = ("in tier", "accepted")
 #: what ``--impl`` is when a session names none: a header naming it names no candidate of the user's
 DEFAULT_IMPL = "distributed_impl:ShardedMuon"
 
@@ -401,10 +414,17 @@ def outcome_line(summary: RunSummary) -> str:
     if not summary.gates:
         return "no gate ran a case"
     counts = outcome_counts(summary)
-    shown = [f"{counts[o]} {o}" for o in OUTCOMES if counts[o] or o != "in tier"]
+    shown = [f"{counts[o]} {o}" for o in OUTCOMES if counts[o] or o not in _SHOWN_IF_ANY]
     shown += [f"{n} {o}" for o, n in sorted(counts.items()) if o not in OUTCOMES]
     n = len(summary.gates)
     return f"{n} gate{'' if n == 1 else 's'}: " + ", ".join(shown)
+
+
+def failure_word(summary: RunSummary, gate: str) -> str:
+    """How a failing gate's minimal case is headed: ``FAILED``, or ``ACCEPTED (finding: why)``
+    where the user accepted its failures as a known finding (``--accept``)."""
+    g = summary.gates.get(gate)
+    return f"ACCEPTED ({g.accepted})" if g is not None and g.accepted else "FAILED"
 
 
 def names_candidate(h: Header) -> bool:

@@ -24,6 +24,7 @@ from reports.summary import (
     TRAINING_COLUMNS,
     RunSummary,
     encodable,
+    failure_word,
     gate_outcome,
     gate_row,
     layout_rows,
@@ -151,7 +152,9 @@ def render(summary: RunSummary) -> Group:
     # The first failure right under the table that counts it, before the detail tables.
     for f in summary.failures:
         tried = summary.gates[f.gate].failed_cases
-        parts.append(_text(f"FAILED {f.gate}: {f.finding} ({tried} failing case(s) while shrinking)", "bold red"))
+        word = failure_word(summary, f.gate)
+        style = "bold red" if word == "FAILED" else "bold yellow"
+        parts.append(_text(f"{word} {f.gate}: {f.finding} ({tried} failing case(s) while shrinking)", style))
         parts.append(_text(f"minimal case: {f.case}"))
         if f.narrowed:
             parts.append(_text(f"narrowed for the candidate: {'; '.join(f.narrowed)}"))

@@ -113,9 +113,9 @@ def test_layout_resharding_and_twin_gates_and_their_negative_controls_hold_at_fo
         "gates.test_training_gates", "-k", "(layout or reshard or twins) and not the_models", "--nproc", "4", "-p", "no:randomly",
         "--hypothesis-profile", "dev", "--hypothesis-seed", "0", timeout=600,
     )  # fmt: skip
-    # -k matches the layout module's name, so all six of its tests run (the Gram tier's too);
+    # -k matches the layout module's name, so all seven of its tests run (the Gram tier's too);
     # the 8-rank twins need --nproc 8, and the gram_partial tier of a candidate needs --impl
-    result.assert_outcomes(passed=14, skipped=2)
+    result.assert_outcomes(passed=15, skipped=2)
     result.stdout.fnmatch_lines_random(["*layouts:StridedOrderMuon*yes*w0[[]* · world 4 · mesh [[]2, 2] · tp 2*"])
 
 

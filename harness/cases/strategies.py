@@ -80,9 +80,15 @@ def matrix_shapes(
     )
     drawn: st.SearchStrategy[tuple[int, ...]] = matrices
     if tiles:
-        # one in twelve, shrinking to the drawn matrices (False first)
+        # one in twelve, shrinking to the drawn matrices (False first); a drawn matrix costs one
+        # choice more than before and no tile shape, so that it still shrinks before a stack does
         tiled, big = st.sampled_from([False] * 11 + [True]), tile_shapes(world_size)
-        drawn = st.tuples(tiled, matrices, big).map(lambda t: t[2] if t[0] else t[1])
+
+        @st.composite
+        def draw_matrix(draw: st.DrawFn) -> tuple[int, ...]:
+            return draw(big) if draw(tiled) else draw(matrices)
+
+        drawn = draw_matrix()
     if not experts:
         return drawn
     stacks = st.tuples(st.integers(1, 2 * world_size + 1), matrices).map(lambda em: (em[0], *em[1]))

@@ -93,6 +93,17 @@ def pytest_configure(config: pytest.Config) -> None:
     session = GateSession(config, 2 if nproc is None else nproc)
     config.stash[SESSION] = session
     config.pluginmanager.register(session, "muongate-session")
+    accept = config.getoption("accept")
+    if (
+        accept is not None
+    ):  # a room of its own (harness/plugin/accepted.py), registered as pytest-xdist registers its own
+        from harness.plugin.accepted import AcceptedError, AcceptedFindings, load_accepted
+
+        try:
+            accepted = load_accepted(accept)
+        except AcceptedError as e:
+            raise pytest.UsageError(f"--accept {e}") from None
+        config.pluginmanager.register(AcceptedFindings(accept, accepted, lambda: session.runner), "muongate-accepted")
 
 
 def session_of(config: pytest.Config) -> GateSession:

@@ -351,9 +351,8 @@ class GateSession:
                 threads=None if torchrun else config.getoption("rank_threads"),
             )
         )
-        if replay is not None:  # the ledger: what of the capture no gate will judge
-            for part in replay.unjudged:
-                runner.write(part)
+        for part in self._unjudged_at_start():
+            runner.write(part)
         self.runner = runner
         self._flush_skips()
         try:
@@ -385,6 +384,21 @@ class GateSession:
         if _is_xdist_controller(self.config):
             return sorted(Path(self.config.getoption("gate_report")).glob("results-gw*.jsonl"))
         return []
+
+    def _unjudged_at_start(self) -> list[Any]:
+        """The ledger's parts known to go unjudged before any gate runs: each captured parameter the
+        replay leaves out (named by the user: it fails the session), and each layout the candidate
+        declares that no case at this ``--nproc`` can lay out (shown, with the ``--nproc`` it needs)."""
+        from harness import layouts
+        from reports.records import Unjudged
+
+        parts = list(self.replay.unjudged) if self.replay is not None else []
+        declared = sorted(self.impl.layouts) if self.impl is not None and not self.impl.probed else []
+        for layout in map(layouts.named, declared):
+            if layout.min_world > self.nproc:
+                reason = f"needs --nproc {layout.min_world}; no case of it runs at --nproc {self.nproc}"
+                parts.append(Unjudged(f"layout {layout.title}", reason, asked=False))
+        return parts
 
     def _header_lines(self) -> list[str]:
         import hypothesis

@@ -120,6 +120,14 @@ def add_options(parser: pytest.Parser) -> None:
         "or its worst error or singular-value band got worse beyond the stated margins.",
     )
     group.addoption(
+        "--accept",
+        metavar="FILE",
+        default=None,
+        help="a TOML file of accepted findings (harness/plugin/accepted.py): a gate test whose every failing gate "
+        "one of them covers, for the release installed, is xfailed and shown as accepted, never as bitwise; "
+        "anything else red stays red. Write --accept=FILE.",
+    )
+    group.addoption(
         "--gate-report",
         default=DEFAULT_REPORT_DIR,
         metavar="DIR",
@@ -152,7 +160,7 @@ def check_options(config: pytest.Config) -> None:
 
 #: the options whose value is a path: pytest chooses its rootdir and configfile before any plug-in's
 #: options are known, so the value of ``--gate-report DIR`` (two tokens) is a test path to it there
-_PATH_OPTIONS = ("--gate-report", "--gate-baseline", "--layout-from")
+_PATH_OPTIONS = ("--gate-report", "--gate-baseline", "--layout-from", "--accept")
 
 
 def _check_path_spelling(config: pytest.Config) -> None:
