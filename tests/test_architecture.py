@@ -181,9 +181,14 @@ WALLS = {
 
 
 def test_the_plugin_is_thin_its_session_object_holds_the_rest() -> None:
-    """``harness.plugin`` is options, markers and fixtures: of harness it imports only its options
-    and its session object (``GateSession``, which owns devices, plug-ins, runner and report)."""
-    assert GRAPH["harness.plugin"] == {"harness.plugin.options", "harness.plugin.gate_session"}
+    """``harness.plugin`` is options, markers and fixtures: of harness it imports only its options,
+    its session object (``GateSession``, which owns devices, plug-ins, runner and report) and the
+    plug-ins an option registers beside it, each a room of its own (``accepted``: ``--accept``)."""
+    assert GRAPH["harness.plugin"] == {
+        "harness.plugin.options",
+        "harness.plugin.gate_session",
+        "harness.plugin.accepted",
+    }
 
 
 def _breaches(graph: dict[str, set[str]], room: str) -> list[str]:

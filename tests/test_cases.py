@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from harness.algorithms import MUON
 from harness.cases import Case, Clip, ParamSpec, cases, clip_cases, matrix_shapes, settings_of
+from harness.cases.strategies import TILES, tile_shapes
 from harness.layouts import EP_EFSDP, HSDP
 
 
@@ -35,7 +36,25 @@ def test_cases_pickle_and_respect_their_bounds(case: Case):
     assert pickle.loads(pickle.dumps(case)) == case
     assert 1 <= case.world_size <= 4 and 1 <= case.steps <= 5
     assert case.mesh in ((case.world_size,), (2, case.world_size // 2))
-    assert all(1 <= side <= 48 for p in case.params for side in p.shape)
+    for p in case.params:
+        assert min(p.shape) >= 1
+        if max(p.shape) > 48:  # only a tile shape (tile_shapes): on some split, a piece one past a tile
+            rows, cols = p.shape[-2:]
+            splits = range(1, case.world_size + 1)
+            assert any(-(-rows // w) - 1 in TILES or -(-cols // w) - 1 in TILES for w in splits), p
+
+
+@given(world=st.integers(1, 8), data=st.data())
+def test_tile_shapes_give_every_rank_but_the_last_a_piece_one_past_a_tile(world: int, data: st.DataObject) -> None:
+    rows, cols = data.draw(tile_shapes(world))
+    assert -(-rows // world) - 1 in TILES or -(-cols // world) - 1 in TILES, (rows, cols)
+    assert rows * cols <= 18_000, "the whole matrix stays small enough for the bucket the replay's control needs"
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_tile_shapes_cross_each_tile_in_rows_and_in_columns(tile: int) -> None:
+    find(tile_shapes(2), lambda rc: -(-rc[0] // 2) == tile + 1)
+    find(tile_shapes(2), lambda rc: -(-rc[1] // 2) == tile + 1)
 
 
 def test_cases_shrink_to_one_rank_one_small_square_fp32_matrix_one_step():
