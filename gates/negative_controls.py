@@ -387,6 +387,34 @@ class FlattenedRoutingMuon(PlantedMuon):
             self._adamw_step(p, grad, state, group)
 
 
+class NamedFallbackMuon(PlantedMuon):
+    """Steps every Muon matrix of an odd number of rows with AdamW (a fallback for a shape its
+    kernel does not take, say), silently, keeping AdamW's moments under Muon's state names
+    (``momentum_buffer`` and ``momentum_buffer_sq``): its state reads as Muon's everywhere, and
+    its single-device self falls back the same way, so only what its steps did shows it."""
+
+    def _muon_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        if p.shape[-2] % 2 == 0:
+            super()._muon_step(p, grad, state, group)
+            return
+        moments: dict[str, Any] = {}  # fresh: _adamw_step makes its moments
+        if "momentum_buffer" in state:
+            moments = {
+                "step": state["step"],
+                "exp_avg": state["momentum_buffer"],
+                "exp_avg_sq": state["momentum_buffer_sq"],
+            }
+        self._adamw_step(p, grad, moments, group)
+        state.update(step=moments["step"], momentum_buffer=moments["exp_avg"], momentum_buffer_sq=moments["exp_avg_sq"])
+
+
+#: the routing audit's negative controls (``gates/test_routing_gates.py``)
+ROUTING_CONTROLS: dict[str, type[PlantedMuon]] = {
+    "FlattenedRoutingMuon": FlattenedRoutingMuon,
+    "NamedFallbackMuon": NamedFallbackMuon,
+}
+
+
 HEAD_CONTROLS: dict[str, type[PlantedMuon]] = {
     "LocalHeadsMuon": LocalHeadsMuon,
     "ShardNormHeadsMuon": ShardNormHeadsMuon,

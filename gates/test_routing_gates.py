@@ -1,13 +1,16 @@
 """Claims: every parameter steps with the algorithm its group declares (the routing audit):
 a matrix of a ``use_muon`` group holds Muon's state after its steps, on every rank, and a
 parameter of an AdamW group AdamW's, by the reference's ``ROUTES``
-(``harness.tasks.routing``). Read from the candidate's own state, so a matrix sent to AdamW
-is named as such whatever the numbers or the candidate's single-device self say. The report
+(``harness.tasks.routing``). Decided by what each parameter's first step did, set against each
+route's first step of the same inputs, and by the candidate's own state where the step cannot
+tell, so a matrix sent to AdamW is named as such whatever its state is called or the
+candidate's single-device self says. The report
 lists the audit of a transformer's kinds of parameters (``Routing``).
 
-Negative control (``negative_controls.FlattenedRoutingMuon``): parameters routed by their
+Negative controls (``negative_controls.ROUTING_CONTROLS``): parameters routed by their
 flattened view, as code that routes FSDP1's flat parameters does, so every matrix steps with
-AdamW.
+AdamW; and a silent fallback to AdamW that keeps Muon's state names, which only what its steps
+did shows (the audit decides by the first step's update, ``harness.tasks.routing``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gates.negative_controls import FlattenedRoutingMuon
+from gates.negative_controls import ROUTING_CONTROLS
 from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases, layout_cases, session_cases
 from harness.runner.routing import judge_routes
@@ -66,19 +69,23 @@ def test_routing_audit_lists_which_algorithm_stepped_each_parameter(gate_runner:
     gate_runner.route("routing:transformer", case, table=True)
 
 
-@pytest.mark.judges(
-    "muongate's routing audit, with a matrix routed by its flattened view (negative control)", "muongate: gates"
-)
-def test_routing_audit_catches_parameters_routed_flattened(gate_runner: Any) -> None:
+@pytest.mark.judges("muongate's routing audit, with planted silent fallbacks (negative controls)", "muongate: gates")
+@pytest.mark.parametrize("control", sorted(ROUTING_CONTROLS))
+def test_routing_audit_catches_a_silent_fallback(gate_runner: Any, control: str) -> None:
+    """``FlattenedRoutingMuon`` keeps AdamW's state names; ``NamedFallbackMuon`` keeps Muon's,
+    so only what its steps did shows it; both are caught against themselves on one device
+    (``--against self``) too, where the update is what they share with their twin."""
+    planted = ROUTING_CONTROLS[control]
+
     def on(case: Case) -> Case:
-        return replace(case, candidate=FlattenedRoutingMuon, mode=None)
+        return replace(case, candidate=planted, mode=None, self_reference=True)
 
     def caught(case: Case) -> str | None:
-        _, status, message = judge_routes(gate_runner.run(on(case)).routes)
+        _, status, message = judge_routes(gate_runner.run(on(case), task="routing").routes)
         return message if status == "failed" else None
 
     gate_runner.catch(
-        "negative:routing:FlattenedRoutingMuon",
+        f"negative:routing:{control}",
         cases(max_world=gate_config().nproc, max_steps=2, algorithm=MUON),
         caught,
         lambda case: on(case).describe(),

@@ -10,7 +10,7 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from harness.algorithms import MUON
-from harness.cases import Case, Clip, ParamSpec, cases, clip_cases, matrix_shapes, settings_of
+from harness.cases import Case, Clip, ParamSpec, cases, clip_cases, matrix_shapes, row_block_cases, settings_of
 from harness.cases.strategies import TILES, tile_shapes
 from harness.layouts import EP_EFSDP, HSDP
 
@@ -103,3 +103,15 @@ def test_clip_cases_shrink_to_fsdp2_on_one_rank_clipping_the_2_norm_to_one_with_
 )
 def test_clip_cases_draw_every_duplication_clipping_meets(what):
     find(clip_cases(max_world=4, algorithm=MUON), what, settings=settings(max_examples=2000))
+
+
+def test_row_block_cases_draw_the_fused_projection_tensor_parallelism_lays_out() -> None:
+    """Each TP rank's rows one whole group of unequal blocks (a fused QKV under GQA, as Megatron
+    lays it out): the global split is that group repeated tp times."""
+
+    def fused(case: Case) -> bool:
+        split = tuple(dict(case.settings).get("ns_split", ()))
+        group = split[: len(split) // case.tp] if case.tp > 1 else ()
+        return len(set(group)) > 1 and split == group * case.tp
+
+    find(row_block_cases(max_world=2), fused)

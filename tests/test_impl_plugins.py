@@ -277,10 +277,12 @@ def test_a_correct_but_different_muon_is_green_within_its_causes_and_a_sharding_
     assert "within causes (≤ " in right.stdout, right.stdout[-3000:]
     wrong = _run(tmp_path, *k, "--impl", "gates.examples.gathered_muon:gathered_muon_local_norm")
     assert wrong.returncode == 1 and "2 failed" in wrong.stdout, wrong.stdout[-3000:]
-    # several_steps finds a difference past the causes' tier; one_step (selected by -k one_step since
-    # its test is named so) one the local norm makes NaN, which no cause explains: both red
-    assert "FAILED several_steps: beyond its causes" in wrong.stdout, wrong.stdout[-3000:]
-    assert "FAILED one_step: " in wrong.stdout, wrong.stdout[-3000:]
+    # red in both gates, past its causes' tier or by a NaN the local norm makes where a piece's norm
+    # is zero, which no cause explains: which of the two hypothesis shrinks to first varies
+    for gate in ("one_step", "several_steps"):
+        assert re.search(rf"FAILED {gate}: (beyond its causes|differs from reference)", wrong.stdout), wrong.stdout[
+            -3000:
+        ]
     assert re.search(r"minimal case: w0\[\d+, \d+\] float32 · world 2 ", wrong.stdout), wrong.stdout[-3000:]
 
 

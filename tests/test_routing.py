@@ -11,7 +11,7 @@ from rich.console import Console
 
 from harness.algorithms import MUON, Algorithm
 from harness.runner.routing import judge_routes
-from harness.tasks.routing import NO_STATE, Route, stepped_route
+from harness.tasks.routing import NO_STATE, Route, route_updates, stepped_by_update, stepped_route
 from reference import Adafactor, AdamW
 
 T = torch.zeros(())
@@ -25,6 +25,25 @@ def test_the_state_names_the_route_whose_every_tensor_it_holds() -> None:
     assert stepped_route(routes, {}) == NO_STATE
     assert stepped_route(routes, {"exp_avg": T}) == "unknown (exp_avg)"
     assert stepped_route(routes, {"momentum_buffer": T, "exp_avg": T, "exp_avg_sq": T}).startswith("unknown")
+
+
+def test_the_first_step_names_the_route_whose_update_it_is_whatever_the_state_is_called() -> None:
+    """Muon's and AdamW's first steps of one gradient, from ``route_updates``: an update that is one
+    of them names it; one that is neither is unknown; where the routes' updates are the same (a
+    zero gradient, no decay) or the piece is empty, the step cannot tell, and the state decides."""
+    torch.manual_seed(0)
+    before, grad = torch.randn(6, 4), torch.randn(6, 4)
+    updates = route_updates(MUON, dict(MUON.defaults), before, grad)
+    assert set(updates) == {"Muon", "AdamW"}
+    assert stepped_by_update(updates, updates["Muon"], before) == "Muon"
+    assert stepped_by_update(updates, updates["AdamW"], before) == "AdamW"
+    assert stepped_by_update(updates, updates["Muon"] * 1.01, before) == "Muon", "within the causes' reach"
+    assert stepped_by_update(updates, -updates["Muon"], before).startswith("unknown (an update")
+    still = route_updates(MUON, dict(MUON.defaults), before, torch.zeros(6, 4))
+    assert stepped_by_update(still, still["Muon"], before) is None
+    assert stepped_by_update(updates, torch.zeros(0, 4), before) is None
+    vector = route_updates(MUON, dict(MUON.defaults), torch.randn(5), torch.randn(5))
+    assert set(vector) == {"AdamW"} and stepped_by_update(vector, vector["AdamW"], before) is None
 
 
 def test_a_hybrid_reference_declares_its_own_route_for_use_muon_and_adamw_for_the_rest() -> None:

@@ -16,7 +16,7 @@ from harness.cases import Case, ReshardCase
 from harness.tasks.training import TwinsCase
 
 #: the tasks ``--against self`` also runs on one device
-SELF_JUDGED = ("optimizer", "backward")
+SELF_JUDGED = ("optimizer", "routing", "backward")
 
 
 @dataclass(frozen=True)

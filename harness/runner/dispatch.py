@@ -11,13 +11,14 @@ from harness.runner.ran import Ran, RankCase
 from harness.tasks.engine import run_engine_case
 from harness.tasks.kernel import run_kernel_case
 from harness.tasks.muon import run_cause_case, run_orthogonalize_case, run_spectrum_case, run_update_case
-from harness.tasks.optimizer import run_backward_case, run_optimizer_case
+from harness.tasks.optimizer import run_backward_case, run_optimizer_case, run_routing_case
 from harness.tasks.reshard import run_reshard_case
 from harness.tasks.result import TaskResult
 from harness.tasks.training import run_training_case, run_training_twins
 
 TASKS: dict[str, Callable[[RankContext, Any], TaskResult]] = {
     "optimizer": run_optimizer_case,
+    "routing": run_routing_case,
     "orthogonalize": run_orthogonalize_case,
     "backward": run_backward_case,
     "spectrum": run_spectrum_case,

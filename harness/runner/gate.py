@@ -211,11 +211,11 @@ class GateRunner:
 
     def route(self, gate: str, case: Case, *, table: bool = False) -> Ran:
         """The routing audit of a case (``harness.runner.routing``): which algorithm stepped each
-        parameter, as the candidate's state shows it, on every rank; red where one stepped as
+        parameter, by its first step (or its state where the step cannot tell), on every rank; red where one stepped as
         another than declared. ``table``: the report lists its parameters (a ``Routing`` record)."""
         __tracebackhide__ = True
         self.policy.runnable(gate)
-        ran = self.measured(gate, case, task="optimizer")
+        ran = self.measured(gate, case, task="routing")
         rows, status, message = judge_routes(ran.routes)
         described = ran.case.describe()
         if table:

@@ -21,17 +21,18 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import reference
+from harness.algorithms import reference_of
 from harness.cases.case import Case, ParamSpec
 from harness.cases.tensors import generator, gradient, initial_param
 from harness.ranks import RankContext
 from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, remove_checkpoint
 from harness.tasks.clipping import clip_step, tie
-from harness.tasks.common import PIECE, local_piece, mesh_for, shard_like
+from harness.tasks.common import PIECE, local_of, local_piece, mesh_for, shard_like
 from harness.tasks.layouts import build_model, case_param, zeros_of
 from harness.tasks.phases import Phases
 from harness.tasks.qk_clip import qk_clip_step
 from harness.tasks.result import TaskResult
-from harness.tasks.routing import audit
+from harness.tasks.routing import FirstStep, audit
 from harness.tasks.sides import (
     Side,
     against_reference,
@@ -46,8 +47,16 @@ from harness.tasks.sides import (
 from reports.records import Comparison
 
 
-def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
-    """Runs one case on this rank; its comparisons after every step."""
+def run_routing_case(ctx: RankContext, case: Case) -> TaskResult:
+    """``run_optimizer_case`` with the routing audit (``harness.tasks.routing``): which algorithm
+    stepped each parameter, by its first step, on this rank."""
+    return run_optimizer_case(ctx, case, audited=True)
+
+
+def run_optimizer_case(ctx: RankContext, case: Case, *, audited: bool = False) -> TaskResult:
+    """Runs one case on this rank; its comparisons after every step (``audited``: and the routes
+    its parameters stepped by, which only the routing gates judge: the audit steps a reference
+    once per route and parameter)."""
     phases = Phases()
     device = torch.device(ctx.device)
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
@@ -62,6 +71,9 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
     twin = twin_side(ctx, case, unparallel(case, tensors)) if case.self_reference else None
     phases.lap("set-up (mesh, fully_shard, optimizers)")
     records: list[Comparison] = []
+    # the routing audit's evidence: each parameter's first step, before and after (harness.tasks.routing)
+    first: dict[str, FirstStep] = {}
+    routed = audited and ref is not None and bool(reference_of(case).routes)
     for step in range(case.steps):
         for i, spec in enumerate(case.params):
             g = gradient(spec, case.seed, i, step)
@@ -80,11 +92,14 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
         if case.clip is not None and ref is not None:
             records += clip_step(case, step, ctx.rank, model, ref_by_name)
             phases.lap("clip (with its collectives)")
+        firsts = _first_steps(case, ref_by_name, model, first) if routed else {}
         if ref is not None:
             ref.step()
         phases.lap("reference step")
         opt.step()
         phases.lap("candidate step (with its collectives)")
+        for name, (before, grad, mine) in firsts.items():
+            first[name] = FirstStep(before, grad, local_of(case_param(model, name)).detach().float() - mine)
         if case.qk_clip is not None:
             qk_clip_step(case, step, model, mesh, ref_by_name)
             phases.lap("QK-clip (with its collectives)")
@@ -99,7 +114,23 @@ def run_optimizer_case(ctx: RankContext, case: Case) -> TaskResult:
             records += against_twin(case, step, ctx.rank, twin, opt, model)
         phases.lap("compare")
     phases.keep()
-    return TaskResult(tuple(records), routes=audit(case, ref, opt, model, ctx.rank))
+    routes = audit(case, ref, opt, model, ctx.rank, first) if audited else ()
+    return TaskResult(tuple(records), routes=routes)
+
+
+def _first_steps(
+    case: Case, ref_by_name: dict[str, Tensor], model: nn.Module, seen: dict[str, FirstStep]
+) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+    """Each parameter about to take its first step (a gradient, and none before): the full value
+    and gradient the reference steps from, and this rank's piece of the candidate before it."""
+    out = {}
+    for spec in case.params:
+        ref_p = ref_by_name[spec.name]
+        if spec.name in seen or ref_p.grad is None:
+            continue
+        mine = local_of(case_param(model, spec.name)).detach().float().clone()
+        out[spec.name] = (ref_p.detach().clone(), ref_p.grad.detach().clone(), mine)
+    return out
 
 
 def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, Tensor | None]:
