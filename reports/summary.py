@@ -410,14 +410,17 @@ def outcome_counts(summary: RunSummary) -> Counter[str]:
 
 def outcome_line(summary: RunSummary) -> str:
     """``12 gates: 9 bitwise, 1 within causes, 0 not judged, 2 differ``: every gate by outcome, ``in
-    tier`` and each crash (``1 hang``) only where some gate had it; where no gate ran, that."""
+    tier``, ``accepted`` and each crash (``1 hang``) only where some gate had it, and the parts the
+    user named that no gate judged (the ledger); where no gate ran, that."""
     if not summary.gates:
         return "no gate ran a case"
     counts = outcome_counts(summary)
     shown = [f"{counts[o]} {o}" for o in OUTCOMES if counts[o] or o not in _SHOWN_IF_ANY]
     shown += [f"{n} {o}" for o, n in sorted(counts.items()) if o not in OUTCOMES]
     n = len(summary.gates)
-    return f"{n} gate{'' if n == 1 else 's'}: " + ", ".join(shown)
+    asked = len(summary.unjudged_asked)  # a part the user named and no gate judged: never green
+    left = f"; {asked} named part(s) not judged" if asked else ""
+    return f"{n} gate{'' if n == 1 else 's'}: " + ", ".join(shown) + left
 
 
 def failure_word(summary: RunSummary, gate: str) -> str:

@@ -249,6 +249,7 @@ def test_a_replay_that_drops_a_captured_mesh_is_not_green(pytester: pytest.Pytes
     assert red.ret == 1, red.stdout.str()[-3000:]
     red.stdout.fnmatch_lines(
         [
+            "1 gate: 1 bitwise, 0 within causes, 0 not judged, 0 differ; 2 named part(s) not judged",
             "NOT JUDGED: 2 named part(s) not judged: mesh [[]2, 2]: a split on each of its dims needs --nproc 4 or"
             " more: parameter w, parameter v",
             "muongate: NOT JUDGED: 2 part(s) of what you named were not judged*--allow-unjudged accepts that",
