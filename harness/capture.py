@@ -17,8 +17,8 @@ rank's local shape and global offset as that rank sees them; for a plain tensor,
 local shape. ``load_capture`` reads it back, refusing a newer version or a broken file with one
 line naming the file and what is wrong. A job with several optimizers (Muon for the matrices,
 ``torch.optim.AdamW`` for the rest) passes them all, ``capture(model, [muon, adamw], path)``:
-one file, each parameter under the optimizer that steps it. ``python -m harness.capture FILE`` checks a file and
-says what it holds.
+one file, each parameter under the optimizer that steps it. ``python -m harness.capture FILE``
+checks a file and says what it holds.
 """
 
 from __future__ import annotations

@@ -172,8 +172,7 @@ class _Notes:
     def drop(self, names: Iterable[str], reason: str, *, where: str = "") -> None:
         """``names`` are not replayed, for ``reason`` (of the mesh ``where``, for all of them at once)."""
         names = list(names)
-        head = where or (names[0] if len(names) == 1 else f"{len(names)} parameters")
-        self.lines.append(f"{head}: not replayed: {reason}")
+        self.lines.append(f"{where or ', '.join(names)}: not replayed: {reason}")
         self.unjudged += [Unjudged(f"parameter {n}", f"{where}: {reason}" if where else reason) for n in names]
 
 
@@ -188,8 +187,7 @@ def stepped_as(captured: str, algorithm: Algorithm) -> bool | None:
     name, family = captured.lower(), algorithm.name.lower()
     if name == "muon":
         return True if algorithm.hybrid else None
-    mine = name.endswith(family) and not (family == "muon" and name.endswith("normuon"))
-    if mine or (name == "adamw" and family == "adamw"):
+    if name.endswith(family) and not (family == "muon" and name.endswith("normuon")):
         return True
     if name.startswith("adam"):
         return False if algorithm.hybrid else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import platform
 import subprocess
 import time
@@ -44,6 +45,7 @@ def muongate_commit() -> str:
     return commit + ("+changes" if dirty.stdout.strip() else "")
 
 
+@functools.cache  # the header line and the stream's header both ask: read the machine once
 def cpu_line(threads: int | None = None) -> str:
     """The CPU arithmetic ran on, as far as it can pick a kernel: the processor, the instruction
     set torch's own kernels chose (``ATEN_CPU_CAPABILITY``), the BLAS and oneDNN releases, the

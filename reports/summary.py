@@ -381,7 +381,8 @@ def _verdicts(g: GateSummary) -> str:
 
 def gate_outcome(g: GateSummary) -> str:
     """The gate's outcome over its cases: ``differs`` (or the crash it had), ``accepted`` where the
-    user accepted its failures as a known finding (``--accept``), ``not judged`` where no case was judged, ``within causes`` where some differed only within the declared causes, else
+    user accepted its failures as a known finding (``--accept``), ``not judged`` where no case was
+    judged, ``within causes`` where some differed only within the declared causes, else
     ``bitwise`` or ``in tier``."""
     if g.failed_cases:
         if g.accepted:

@@ -213,6 +213,7 @@ def render(summary: RunSummary) -> Group:
         parts.append(_Fitted(table))
     for reason, n in Counter(skip_reason(s) for s in summary.skips).most_common():
         parts.append(_text(f"SKIPPED {n} gate test(s): {reason}", "yellow"))
-    for line in unjudged_lines(summary.unjudged):
-        parts.append(_text(f"NOT JUDGED: {line}", "bold red" if line.split()[1] == "named" else "yellow"))
+    for asked, style in ((True, "bold red"), (False, "yellow")):  # a named part fails the session
+        for line in unjudged_lines(u for u in summary.unjudged if u.asked is asked):
+            parts.append(_text(f"NOT JUDGED: {line}", style))
     return Group(*parts)

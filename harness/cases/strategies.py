@@ -411,8 +411,8 @@ def row_block_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int =
     shard smaller than a block. Under tensor parallelism, half the splits are the fused projection
     TP lays out as users do (Megatron's fused QKV): each TP rank's rows one whole group of
     blocks, the global split that group repeated ``tp`` times, so that a candidate's path for
-    blocks a rank holds whole is drawn too (80 of 2,000 cases at 4 ranks, against 28 before). Shrinks towards two heads
-    of one row each on one rank."""
+    blocks a rank holds whole is drawn too (80 of 2,000 cases at 4 ranks, against 28 before).
+    Shrinks towards two heads of one row each on one rank."""
     bases = every_layout(max_world=max_world, max_params=max_params, max_steps=max_steps, algorithm=MUON)
     heads_drawn, rows_drawn = st.integers(2, 4), st.integers(1, 8)
     splits_drawn = st.one_of(st.none(), st.lists(rows_drawn, min_size=2, max_size=4).map(tuple))

@@ -94,9 +94,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION] = session
     config.pluginmanager.register(session, "muongate-session")
     accept = config.getoption("accept")
-    if (
-        accept is not None
-    ):  # a room of its own (harness/plugin/accepted.py), registered as pytest-xdist registers its own
+    # a room of its own (harness/plugin/accepted.py), registered as pytest-xdist registers its own
+    if accept is not None:
         from harness.plugin.accepted import AcceptedError, AcceptedFindings, load_accepted
 
         try:

@@ -111,9 +111,10 @@ class AcceptedFindings:
 
     def __init__(self, path: str, accepted: tuple[AcceptedFinding, ...], runner: Callable[[], Any]) -> None:
         self.path = path
-        self.active = tuple(a for a in accepted if a.installed() is None)
+        why_not = [(a, a.installed()) for a in accepted]  # each release looked up once
+        self.active = tuple(a for a, why in why_not if why is None)
         #: the entries that do not apply here, each with why
-        self.inactive = tuple((a, why) for a in accepted if (why := a.installed()) is not None)
+        self.inactive = tuple((a, why) for a, why in why_not if why is not None)
         self._runner = runner
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after the gate session has judged the report
