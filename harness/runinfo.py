@@ -82,6 +82,8 @@ def make_header(*, backend: str, devices: list[str], nproc: int, **fields: Any) 
     """The one header of a results stream (gates and ``python -m harness.train`` alike)."""
     import torch
 
+    from harness.ranks.relay import arrangement
+
     return Header(
         muongate=muongate_version(),
         git_commit=muongate_commit(),
@@ -89,6 +91,7 @@ def make_header(*, backend: str, devices: list[str], nproc: int, **fields: Any) 
         backend=backend,
         device=devices[0].split(":")[0],
         devices=tuple(devices),
+        arrangement=arrangement(backend, devices),
         nproc=nproc,
         cpu=cpu_line(fields.pop("threads", None)),
         time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),

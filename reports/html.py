@@ -615,7 +615,10 @@ def page(summary: RunSummary) -> str:
         ("muongate", identity(h.muongate or "?", h.git_commit)),
         ("candidate", (f"engine {h.engine}" if h.engine else h.impl) + (f", kernel {h.kernel}" if h.kernel else "")),
         ("torch", h.torch),
-        ("backend", f"{h.backend} on {', '.join(h.devices) or h.device}"),
+        (
+            "backend",
+            f"{h.backend} on {', '.join(h.devices) or h.device}" + (f": {h.arrangement}" if h.arrangement else ""),
+        ),
         ("ranks (--nproc)", str(h.nproc)),
         ("CPU", h.cpu or "–"),
         ("hypothesis profile", h.hypothesis_profile + (f", seed {h.hypothesis_seed}" if h.hypothesis_seed else "")),

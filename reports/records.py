@@ -147,6 +147,8 @@ class Header(Record):
     backend: str = ""
     device: str = ""
     devices: tuple[str, ...] = ()
+    #: how the ranks share their devices where they do (``harness.ranks.relay.arrangement``), else ""
+    arrangement: str = ""
     nproc: int = 0
     hypothesis_profile: str = ""
     hypothesis_seed: str | None = None

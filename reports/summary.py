@@ -469,8 +469,9 @@ def identity(version: str, commit: str) -> str:
 
 def title(h: Header) -> str:
     return (
-        f"muongate {identity(h.muongate or '?', h.git_commit)}: torch {h.torch or '?'}, {h.backend or '?'} on {h.device or '?'}, nproc "
-        f"{h.nproc or '?'}, hypothesis profile {h.hypothesis_profile or '?'}, "
+        f"muongate {identity(h.muongate or '?', h.git_commit)}: torch {h.torch or '?'}, {h.backend or '?'} on {h.device or '?'}"
+        + (f" ({h.arrangement})" if h.arrangement else "")
+        + f", nproc {h.nproc or '?'}, hypothesis profile {h.hypothesis_profile or '?'}, "
         + (f"engine {h.engine}" if h.engine else f"candidate {h.impl or '?'}")
         + (f", kernel {h.kernel}" if h.kernel else "")
         + (", judged against itself on one device" if h.against == "self" else "")

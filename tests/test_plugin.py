@@ -190,14 +190,14 @@ def test_gate_figures_reach_junit_xml_and_the_github_step_summary(
     assert "| tiny | candidate | bitwise | 1 | 0 | ref 1/1 | 4/4 |" in summary.read_text()
 
 
-def test_cuda_without_enough_gpus_is_a_usage_error(suite: pytest.Pytester) -> None:
+def test_cuda_without_a_gpu_is_a_usage_error(suite: pytest.Pytester) -> None:
     import torch
 
-    if torch.cuda.device_count() >= 64:
-        pytest.skip("this machine has 64 GPUs")
-    result = run_pytest(suite, "--gate-device", "cuda", "--nproc", "64", timeout=120)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the ranks would share it through the relay")
+    result = run_pytest(suite, "--gate-device", "cuda", "--nproc", "2", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*needs one GPU per rank*--nproc 64*"])
+    result.stderr.fnmatch_lines(["*--gate-device cuda: no GPU is visible; try --gate-device cpu*"])
 
 
 @pytest.mark.slow

@@ -322,7 +322,7 @@ class GateSession:
         against = config.getoption("against")
         seed = config.getoption("hypothesis_seed", None)
         rerun = Rerun(
-            device="cuda" if self.backend == "nccl" else "cpu",
+            device=self.devices[0].split(":")[0],
             profile=settings.get_current_profile_name(),
             seed=None if seed is None else str(seed),
             model=config.getoption("model"),
@@ -404,6 +404,7 @@ class GateSession:
         import hypothesis
         import torch
 
+        from harness.ranks.relay import arrangement
         from harness.runinfo import cpu_line, muongate_commit, muongate_version
         from reports.summary import identity
 
@@ -411,6 +412,7 @@ class GateSession:
             f"muongate {identity(muongate_version(), muongate_commit())}: torch {torch.__version__}, backend "
             f"{self.backend} on {self.devices[0].split(':')[0]}, nproc {self.nproc}, hypothesis "
             f"{hypothesis.__version__} profile {settings.get_current_profile_name()}",
+            *[f"muongate ranks: {line}" for line in [arrangement(self.backend, self.devices)] if line],
             f"muongate CPU: {cpu_line(self.config.getoption('rank_threads'))}",
         ]
 
@@ -634,8 +636,12 @@ def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
     """The backend and one device per rank (under torchrun: this rank's device only)."""
     import torch
 
-    wanted = config.getoption("gate_device")
+    from harness.ranks.relay import BACKEND as RELAY
+
+    wanted, comm = config.getoption("gate_device"), config.getoption("gate_comm")
     if launched_by_torchrun():
+        if comm == "relay":
+            raise pytest.UsageError("--gate-comm relay runs in muongate's pool: leave it out under torchrun")
         local = int(os.environ["LOCAL_RANK"])
         if wanted != "cpu" and torch.cuda.device_count() > local:
             return "nccl", [f"cuda:{local}"]
@@ -645,19 +651,21 @@ def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
     # Under pytest-xdist each worker runs its own pool on its own block of GPUs.
     workers, index = _xdist_workers(config)
     gpus = torch.cuda.device_count() if wanted != "cpu" else 0
-    if wanted == "cuda" and gpus < nproc:
+    if wanted == "cuda" and gpus == 0:
+        raise pytest.UsageError("--gate-device cuda: no GPU is visible; try --gate-device cpu")
+    on_gpus = wanted == "cuda" or (wanted == "auto" and gpus >= nproc * workers)
+    if on_gpus and (comm == "relay" or (comm == "auto" and gpus < nproc * workers)):
+        # Ranks share the GPUs, each worker's pool all of them: NCCL cannot, the relay can.
+        return RELAY, [f"cuda:{(index * nproc + r) % gpus}" for r in range(nproc)]
+    if on_gpus and gpus < nproc * workers:
         raise pytest.UsageError(
-            f"--gate-device cuda needs one GPU per rank: --nproc {nproc} but {gpus} GPU(s) are visible; "
-            f"try --nproc {max(gpus, 1)} or --gate-device cpu"
+            f"--gate-device cuda --gate-comm native needs one GPU per rank: -n {workers} --nproc {nproc} but "
+            f"{gpus} GPU(s) are visible; leave out --gate-comm to share them through the relay, or try "
+            "--gate-device cpu"
         )
-    if wanted == "cuda" or (wanted == "auto" and gpus >= nproc):
-        if gpus < nproc * workers:
-            raise pytest.UsageError(
-                f"-n {workers} --nproc {nproc} needs {nproc * workers} GPUs (each xdist worker gets its own "
-                f"{nproc}); {gpus} are visible: try -n {gpus // nproc} or --gate-device cpu"
-            )
+    if on_gpus:
         return "nccl", [f"cuda:{index * nproc + r}" for r in range(nproc)]
-    return "gloo", ["cpu"] * nproc
+    return (RELAY if comm == "relay" else "gloo"), ["cpu"] * nproc
 
 
 def _workerinput(config: pytest.Config) -> dict[str, Any] | None:
@@ -689,7 +697,7 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 def _says_it_runs_gates(config: pytest.Config) -> bool:
     """Whether an option that only gates use was given, or the session's arguments (or
     testpaths) are muongate's gates, in them, or above them."""
-    if config.getoption("gate_device") != "auto":
+    if config.getoption("gate_device") != "auto" or config.getoption("gate_comm") != "auto":
         return True
     if any(
         config.getoption(name) is not None

@@ -27,8 +27,17 @@ def add_options(parser: pytest.Parser) -> None:
         "--gate-device",
         choices=("auto", "cpu", "cuda"),
         default="auto",
-        help="where ranks run: cpu (gloo), cuda (NCCL, one GPU per rank), or auto: cuda when "
-        "at least --nproc GPUs are visible, else cpu (default: auto).",
+        help="where ranks run: cpu (gloo), cuda (NCCL with one GPU a rank; ranks share the GPUs through "
+        "the relay where there are fewer, see --gate-comm), or auto: cuda when at least --nproc GPUs are "
+        "visible, else cpu (default: auto).",
+    )
+    group.addoption(
+        "--gate-comm",
+        choices=("auto", "native", "relay"),
+        default="auto",
+        help="how ranks communicate: native (gloo on CPU, NCCL with one GPU a rank), relay (every collective "
+        "copied to the CPU and run on gloo there: how ranks share a GPU; on CPU, a test of the relay), or auto: "
+        "native, and relay where --gate-device cuda has fewer GPUs than ranks (default: auto).",
     )
     group.addoption(
         "--case-timeout",

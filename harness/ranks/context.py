@@ -67,31 +67,37 @@ def grid_shapes(nproc: int, extra: Iterable[tuple[int, ...]] = ()) -> list[tuple
     return shapes + sorted({s for s in extra if s not in shapes and math.prod(s) <= nproc})
 
 
-def make_groups(nproc: int, extra: Iterable[tuple[int, ...]] = ()) -> Groups:
+def make_groups(nproc: int, extra: Iterable[tuple[int, ...]] = (), backend: str | None = None) -> Groups:
     """Every process group a case can need, made once (every rank must take part in each).
 
     The group of ranks ``0 .. w-1`` for every world size ``w``; for every mesh shape of
     ``grid_shapes`` (with ``extra``), laid row-major over ranks ``0 .. w-1``, this rank's group on each of its
     dims (ranks outside the mesh take part in making them but keep none); and the group of
-    this rank alone.
+    this rank alone. ``backend``: the groups' (default: the default group's).
     """
     import torch
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    worlds: dict[int, Any] = {w: dist.new_group(list(range(w))) for w in range(1, nproc)}
-    worlds[nproc] = dist.group.WORLD
+    worlds: dict[int, Any] = {w: dist.new_group(list(range(w)), backend=backend) for w in range(1, nproc)}
+    worlds[nproc] = dist.group.WORLD if backend is None else dist.new_group(list(range(nproc)), backend=backend)
     grids: dict[tuple[int, ...], tuple[Any, ...]] = {}
     for shape in grid_shapes(nproc, extra):
         ranks = torch.arange(math.prod(shape)).view(shape)
         dims = []
         for d, size in enumerate(shape):
             lines = ranks.movedim(d, -1).reshape(-1, size).tolist()
-            made = [dist.new_group(line) for line in lines]  # every rank makes every group, in one order
+            made = [
+                dist.new_group(line, backend=backend) for line in lines
+            ]  # every rank makes every group, in one order
             dims += [g for g, line in zip(made, lines, strict=True) if rank in line]
         if rank < ranks.numel():
             grids[shape] = tuple(dims)
-    solos = [worlds[1] if r == 0 else dist.new_group([r]) for r in range(nproc)] if nproc > 1 else [worlds[1]]
+    solos = (
+        [worlds[1] if r == 0 else dist.new_group([r], backend=backend) for r in range(nproc)]
+        if nproc > 1
+        else [worlds[1]]
+    )
     return Groups(worlds, grids, solos[rank])
 
 

@@ -75,6 +75,8 @@ from unittest import mock
 from harness.ranks.budget import ThreadBudget, usable_cores
 from harness.ranks.context import CaseOutcome, Groups, RankContext, RankFailure, make_groups
 from harness.ranks.forkserver import fork_server
+from harness.ranks.relay import BACKEND as RELAY
+from harness.ranks.relay import register as register_relay
 from harness.ranks.stacks import Frame, collective, crash_said, main_thread_frames, own_frames
 from harness.ranks.watch import Progress, Quiet, StackReader, serve_stacks
 
@@ -214,6 +216,8 @@ def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> Non
         torch.cuda.set_device(torch.device(spec.device))
     else:
         torch.set_num_threads(spec.threads)
+    if spec.backend == RELAY:
+        register_relay()
     store = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group(
         spec.backend,
@@ -467,8 +471,9 @@ class RankPool:
         detail = self._env.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
         stall = _Stall(self.stall_s)
         # CPU use tells a progressing gloo rank from a waiting one; a CUDA rank's CPU may spin
-        # in a wait for the GPU, so there the stacks alone decide.
-        progress = None if self.devices[0].startswith("cuda") else Progress()
+        # in a wait for the GPU, so there the stacks alone decide, except where its collectives
+        # wait in gloo on the CPU too (the relay of ranks that share a GPU).
+        progress = None if self.devices[0].startswith("cuda") and self.backend != RELAY else Progress()
         quiet = None if progress is None else Quiet()
         #: when some rank last progressed: it returned, its stack changed, or it moved bytes or used CPU (``Quiet``)
         progressed = start

@@ -120,12 +120,15 @@ def collective(frames: list[Frame]) -> str | None:
     distributed checkpoint's own ``reduce_scatter`` helper runs each rank's local step, file
     reads included, before its collective, and a rank busy there is not waiting.) The
     outermost ``torch.distributed`` frame of that run names the API that was called, and the
-    first frame outside torch says who called it."""
-    inner = [f for f in _leading(frames, lambda f: "/torch/" in f.file)]
-    blocking = next((f for f in inner if "/torch/distributed/" in f.file), None)
+    first frame outside torch says who called it. The relay's frames count as torch's."""
+    inner = [f for f in _leading(frames, lambda f: "/torch/" in f.file or _relayed(f))]
+    blocking = next((f for f in inner if "/torch/distributed/" in f.file or _relayed(f)), None)
     if blocking is None or not _blocks(blocking):
         return None
-    api = [f for f in inner if "/torch/distributed/" in f.file and f.func not in _DECORATORS][-1]
+    # the outermost public frame of torch.distributed; a group's own method where the relay was
+    # called from outside torch (a subclass of it, say)
+    apis = [f for f in inner if "/torch/distributed/" in f.file and f.func not in _DECORATORS]
+    api = apis[-1] if apis else inner[-1]
     caller = frames[len(inner)] if len(inner) < len(frames) else None
     return (
         blocking.func
@@ -139,10 +142,18 @@ def _blocks(f: Frame) -> bool:
     names change between torch versions: ``all_gather_single`` is 2.13's), a known
     collective, or a wait. Not that module's private helpers: ``_tensor_to_object``
     unpickles what a broadcast brought, on this rank alone."""
+    if _relayed(f):
+        return True  # the relay (a process group) waits for its gloo group in every method
     if "/torch/distributed/" not in f.file:
         return False
     public_c10d = f.file.endswith("distributed_c10d.py") and not f.func.startswith("_")
     return public_c10d or f.func in _BLOCKING or "wait" in f.func.lower()
+
+
+def _relayed(f: Frame) -> bool:
+    """A frame of the relay, the process group through which ranks share a GPU
+    (``harness.ranks.relay``): communication, as torch's own collectives are."""
+    return f.file.endswith("/harness/ranks/relay.py")
 
 
 def _leading(frames: list[Frame], inside: Callable[[Frame], bool]) -> list[Frame]:

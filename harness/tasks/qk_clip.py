@@ -62,6 +62,8 @@ def qk_clip_step(case: Case, step: int, model: nn.Module, mesh: DeviceMesh, ref_
     q, k = (model.paths.get(name, name) if isinstance(model, CaseModule) else name for name in (clip.q, clip.k))
     qk_clip_of(case)(model, [(q, k, observed(case, step, index))], clip.tau, clip.alpha)
     if ref_params:
-        whole = torch.stack([observed(case, step, i) for i in range(count)]).amax(0)
+        # The maxima where the reference's weights are: the factors' powers are the device's
+        # (CUDA's pow is not the CPU's, by an ULP), as a candidate's on its own device are.
+        whole = torch.stack([observed(case, step, i) for i in range(count)]).amax(0).to(ref_params[clip.q].device)
         with torch.no_grad():
             qk_clip_(ref_params[clip.q], ref_params[clip.k], whole, clip.tau, clip.alpha)

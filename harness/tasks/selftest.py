@@ -233,3 +233,48 @@ def two_optimizer_capture(ctx: RankContext, path: str) -> bool:
     adamw = torch.optim.AdamW([embed.weight, *norm.parameters()], lr=0.003, weight_decay=0.0)
     capture(model, [muon, adamw], path, group=ctx.group)
     return True
+
+
+def relay_with_a_planted_fault(ctx: RankContext, fault: str) -> dict[str, str | None]:
+    """The relay check (``harness.tasks.relay``) run on a relay with ``fault`` planted: one that
+    all-reduces in bf16 (``"bf16 all_reduce"``), or never writes the results back
+    (``"no copy back"``). Needs the whole pool."""
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+
+    from harness.ranks.relay import Relay, _Done, _host
+    from harness.tasks.relay import against_gloo
+
+    class Planted(Relay):
+        def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:  # type: ignore[override]
+            if fault != "bf16 all_reduce":
+                return super().allreduce(tensors, opts)
+
+            def narrow(hosts: list[Any]) -> Any:
+                low = [h.to(torch.bfloat16) for h in hosts]
+                work = self._gloo.allreduce(low, opts)
+                work.wait()
+                for h, lo in zip(hosts, low, strict=True):
+                    h.copy_(lo)
+                return work
+
+            return self._relay(tensors, narrow)
+
+        def _relay(self, outputs: list[Any], call: Any) -> Any:
+            if fault != "no copy back":
+                return super()._relay(outputs, call)
+            call([[_host(t) for t in o] if isinstance(o, list) else _host(o) for o in outputs]).wait()
+            return _Done(outputs)
+
+    name = "planted_" + "".join(c if c.isalnum() else "_" for c in fault)
+    if name not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            name,
+            lambda o, _: Planted(o.store, o.group_rank, o.group_size, o.timeout, o.group_id),
+            extended_api=True,
+            devices=["cpu", "cuda"],
+        )
+    planted = dist.new_group(list(range(ctx.world_size)), backend=name)
+    return against_gloo(dataclasses.replace(ctx, group=planted, grid_groups={}), None)
