@@ -269,6 +269,8 @@ def as_saved(saved: str, out: str) -> None:
     # torch.optim.AdamW's default on CUDA tensors (reference/adamw.py, "kernels")
     conventions=lambda config: {"kernels": "foreach"},
     package=f"megatron-core=={RELEASE}",
+    # its gradient buffers and its optimizers' scalars are allocated on CUDA (``refusal``)
+    devices={"cuda"},
 )
 def megatron_ddp(model: nn.Module, config: EngineConfig, group: Any) -> MegatronRun:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import given, settings
-from support import ENGINES, repo_env, run_python
+from support import ENGINES, repo_env, run_pytest, run_python
 
 from harness.engines import Engine, LoadedEngine
 from harness.engines.case import engine_cases
@@ -278,3 +278,38 @@ def test_the_megatron_adapter_declares_itself_without_megatron_and_refuses_a_mac
     assert refusal(1) is None
     why = refusal(0)
     assert why is not None and "\n" not in why and "needs a GPU" in why and "CUDA" in why
+
+
+def test_an_engine_is_refused_in_one_line_where_its_package_is_missing_or_its_device_is_not_declared() -> None:
+    """Megatron without megatron-core was 18 red gates and their tracebacks; now the session refuses
+    it before any rank starts (``GateSession._engine``), naming the package or the device."""
+    megatron = LoadedEngine.load("examples.megatron_adapter:megatron_ddp")
+    said = megatron.refusal("cuda")
+    if importlib.util.find_spec("megatron") is None:
+        assert said == (
+            "drives megatron-core==0.19.2, which is not installed here: pip install 'megatron-core==0.19.2' "
+            "(docs/pages/engines.md)"
+        )
+    else:
+        assert said is None
+        assert megatron.refusal("cpu") == (
+            "runs its ranks on cuda only, and this session's are on cpu: try --gate-device cuda"
+        )
+    assert megatron.declared.devices == {"cuda"}
+    with pytest.raises(ValueError, match="Engine devices: unknown"):
+        Engine(stages={0}, devices={"tpu"})
+
+
+def test_a_session_refuses_megatron_without_megatron_core_in_one_line(other_project: pytest.Pytester) -> None:
+    if importlib.util.find_spec("megatron") is not None:
+        pytest.skip("megatron-core is installed here")
+    result = run_pytest(
+        other_project, "-p", "harness.plugin", "--pyargs", "gates.test_engine_gates", "-m", "gate",
+        "--engine", "examples.megatron_adapter:megatron_ddp", "--nproc", "2", timeout=120,
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    said = [line for line in result.errlines if line.strip()]
+    assert said == [
+        "ERROR: --engine examples.megatron_adapter:megatron_ddp: drives megatron-core==0.19.2, which is not "
+        "installed here: pip install 'megatron-core==0.19.2' (docs/pages/engines.md)"
+    ], said

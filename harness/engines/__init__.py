@@ -88,7 +88,11 @@ made; a bad one is a ``ValueError`` naming the field):
     every parameter at every step (Megatron's ``overlap_grad_reduce`` asserts it); their cases
     give every parameter one, and say so. Default: none.
 ``package``
-    the package it drives, for the matrix (``"deepspeed==0.19.8"``).
+    the package it drives (``"deepspeed==0.19.8"``): the matrix names it, and a gate session
+    whose machine lacks it refuses the engine in one line (``LoadedEngine.refusal``).
+``devices``
+    where its ranks can run, of ``{"cpu", "cuda"}`` (default both; Megatron-core's
+    ``{"cuda"}``): a session on another device refuses it in one line.
 
 Every rank builds the same model from the case's seed; the engine is free to broadcast it.
 An engine talks over the default process group (DeepSpeed's ``deepspeed.comm`` does): its
@@ -194,9 +198,13 @@ class Engine:
     clip: Callable[[EngineConfig], str | None] | None = None
     needs_every_grad: Callable[[EngineConfig], bool] | None = None
     package: str | None = None
+    devices: Iterable[str] = frozenset({"cpu", "cuda"})
 
     def __post_init__(self) -> None:
         put = object.__setattr__
+        put(self, "devices", _names("devices", self.devices, frozenset({"cpu", "cuda"})))
+        if not self.devices:
+            raise ValueError("Engine devices=set(): where its ranks can run, e.g. devices={'cuda'}")
         put(self, "stages", tuple(sorted(set(self.stages))))
         if not self.stages or any(not isinstance(s, int) or s < 0 for s in self.stages):
             raise ValueError(f"Engine stages={self.stages!r}: whole numbers ≥ 0, e.g. stages={{0, 1, 2, 3}}")
@@ -288,3 +296,20 @@ class LoadedEngine:
                 f"--engine {spec}: {attr} declares no harness.engines.Engine; decorate it with @Engine(stages=…)"
             )
         return cls(spec, factory, declared)
+
+    def refusal(self, device: str) -> str | None:
+        """Why a gate session with ranks on ``device`` cannot run this engine (one line), or ``None``:
+        the package it drives is not installed, or it does not run on ``device``."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        package = self.declared.package
+        if package is not None:
+            name = package.split("==")[0].strip()
+            try:
+                version(name)
+            except PackageNotFoundError:
+                return f"drives {package}, which is not installed here: pip install '{package}' (docs/pages/engines.md)"
+        if device not in self.declared.devices:
+            where = " and ".join(sorted(self.declared.devices))
+            return f"runs its ranks on {where} only, and this session's are on {device}: try --gate-device {where}"
+        return None

@@ -188,7 +188,11 @@ class GateSession:
             raise pytest.UsageError(
                 "--engine with --impl: the engine gates judge the engine's own optimizer, the others the candidate; use one"
             )
-        return self._load_plugin("engine", LoadedEngine.load, "MODULE:FACTORY")
+        engine = self._load_plugin("engine", LoadedEngine.load, "MODULE:FACTORY")
+        refused = engine.refusal(self.devices[0].split(":")[0]) if engine is not None else None
+        if refused:
+            raise pytest.UsageError(f"--engine {engine.spec}: {refused}")
+        return engine
 
     def _replay(self) -> Any:
         """``--layout-from=FILE`` as the cases the replay gate runs (``harness.replay``); a file that
