@@ -8,7 +8,7 @@ gathers the update, orthogonalizes it and normalizes it whole, as ``ShardedMuon`
 ``mode="all_ranks"`` does, and keeps the statistics (``second_moment``) whole too, replicated
 over the mesh; a 3-D stack split only on its experts needs no gather, and keeps its experts'
 statistics where its experts are. The momentum stays sharded. The arithmetic is the
-reference's own (``normalize_neurons``).
+reference's own (``normalize_neurons``, then each row block's lr scale: ``NorMuon._scaled``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from distributed_impl import placement
 from distributed_impl.mesh_split import formed_update
 from distributed_impl.muon import Mode, ShardedMuon, _zeros_like_sharded
-from reference import NorMuon, apply_update, group_orthogonalizer, normalize_neurons
-from reference.muon import form_of
+from reference import NorMuon, apply_blocks, group_orthogonalizer
 from reference.normuon import second_moment_shape
 
 
@@ -53,11 +52,11 @@ class ShardedNorMuon(ShardedMuon, NorMuon):
                 state["second_moment"] = _statistics(p, group["normuon_axis"], whole)
             update = formed_update(p, group["ns_dtype"], produce)
             ortho = ns(placement.gather_full(update, p) if whole else update)
-            normalized, scale = normalize_neurons(ortho, state["second_moment"].to_local(), group, p.shape)
-            if form_of(group, "lr_scale_on") == "update":
-                normalized, scale = normalized * scale, 1.0
+            statistics = {"second_moment": state["second_moment"].to_local()}
+            normalized, scales = NorMuon._scaled(ortho, statistics, group, p.shape)  # each row block's lr scale
             piece = placement.local_rows(normalized, p) if whole else normalized
-            apply_update(p.to_local(), piece, group["lr"], group["weight_decay"], group["lr"] * scale)
+            rows = placement.global_rows(p) if len(set(scales)) > 1 else []
+            apply_blocks(p.to_local(), piece, group, scales, rows, p.shape[-2])
 
 
 def _statistics(p: DTensor, axis: Any, whole: bool) -> DTensor:

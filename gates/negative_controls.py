@@ -33,6 +33,7 @@ from reference import (
     lr_scale,
     momentum_update,
 )
+from reference.muon import row_blocks
 from reference.normuon import (
     divided_by,
     divided_by_statistics,
@@ -466,11 +467,20 @@ class PlantedNorMuon(PlantedMuon, NorMuon):
         self.momentum(state["momentum_buffer"].to_local(), dgrad.to_local(), group, update)
         ortho = group_orthogonalizer(group, self.orthogonalize_fn)(_as_dtensor(update, dp).full_tensor())
         piece, scale = self.normalized_piece(ortho, state["second_moment"].to_local(), dp, group)
-        self.apply(local, piece, group, group["lr"] * scale)
+        scales = self.block_lr_scales(dp, group, scale)
+        if len(set(scales)) > 1:
+            self.apply_blocks(local, piece, group, scales, _global_rows(dp), dp.shape[-2])
+            return
+        self.apply(local, piece, group, group["lr"] * scales[0])
 
     def normalized_piece(self, ortho: Tensor, v: Tensor, p: DTensor, group: dict[str, Any]) -> tuple[Tensor, float]:
         normalized, scale = normalize_neurons(ortho, v, group, p.shape)
         return local_piece(normalized, p), scale
+
+    def block_lr_scales(self, p: DTensor, group: dict[str, Any], scale: float) -> tuple[float, ...]:
+        """The lr scale of each row block, after the normalization: each block's own under the
+        Frobenius rescale (``reference.NorMuon._scaled``)."""
+        return block_scales(p.shape, group) if group["normuon_scale"] == "frobenius" else (scale,)
 
 
 def _norm(t: Tensor) -> Tensor:
@@ -519,6 +529,23 @@ class PieceStatisticsNorMuon(PlantedNorMuon):
             return piece.float(), 1.0
         u, divided = divided_by_statistics(piece, v, group, p.shape)
         return rescaled(_norm(u), divided, group, p.shape)
+
+
+class BlockScaleBeforeNormNorMuon(PlantedNorMuon):
+    """Multiplies each row block of Newton–Schulz's output (``ns_split``) by its lr scale over the
+    whole matrix's right after Newton–Schulz, where the normalization cancels it, and steps every
+    block with the whole matrix's lr scale: microsoft/dion's NorMuon with ``split_sizes`` before
+    its pull request 113 (its issue 111: blocks of other sizes ran at the wrong learning rate).
+    One device shows it, wherever the blocks' lr scales differ."""
+
+    def normalized_piece(self, ortho: Tensor, v: Tensor, p: DTensor, group: dict[str, Any]) -> tuple[Tensor, float]:
+        whole = lr_scale(p.shape, group["adjust_lr_fn"])
+        sizes, scales = row_blocks(p.shape[-2], group), block_scales(p.shape, group)
+        factor = torch.cat([torch.full((n, 1), s / whole) for n, s in zip(sizes, scales, strict=True)])
+        return super().normalized_piece(ortho * factor.to(ortho), v, p, group)
+
+    def block_lr_scales(self, p: DTensor, group: dict[str, Any], scale: float) -> tuple[float, ...]:
+        return (scale,)  # the whole matrix's, for every block
 
 
 #: NorMuon's negative controls, with whether each shows on tensor-parallel layouts only

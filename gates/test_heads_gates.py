@@ -19,15 +19,26 @@ from typing import Any
 import pytest
 from hypothesis import given
 
-from gates.negative_controls import HEAD_CONTROLS
+from gates.negative_controls import HEAD_CONTROLS, BlockScaleBeforeNormNorMuon
+from harness.algorithms import MUON, Algorithm
 from harness.cases import Case, row_block_cases
 from harness.runner.ran import differed
 from harness.session import drawn, gate_config
+from reference import NorMuon
 
 pytestmark = pytest.mark.gate
 
+NORMUON = Algorithm.of(NorMuon)
 
-@given(case=drawn(lambda s: row_block_cases(max_world=s.nproc)))
+
+def _blocks_of(session: Any) -> Any:
+    """Row-block cases of the session's family where it claims them (Muon, NorMuon), else Muon's,
+    which the gate then skips by its claim."""
+    family = session.algorithm if "heads" in session.algorithm.claims else MUON
+    return row_block_cases(max_world=session.nproc, algorithm=family)
+
+
+@given(case=drawn(_blocks_of))
 def test_newton_schulz_on_heads_and_row_blocks_matches_reference_bitwise_on_every_layout(
     gate_runner: Any, case: Case
 ) -> None:
@@ -57,6 +68,29 @@ def test_heads_gate_catches_negative_control(gate_runner: Any, control: str) -> 
     gate_runner.catch(
         f"negative:heads:{control}",
         row_block_cases(max_world=gate_config().nproc).map(_scale_free),
+        lambda case: differed(gate_runner.run(on(case))),
+        lambda case: on(case).describe(),
+    )
+
+
+@pytest.mark.judges("muongate's per-head gate, with planted bugs (negative controls)", "muongate: gates")
+def test_heads_gate_catches_normuon_block_lr_scales_cancelled_by_its_normalization(gate_runner: Any) -> None:
+    """NorMuon on row blocks (microsoft/dion's ``split_sizes``): each block's lr scale applied
+    before the normalization, which cancels it, is caught against ``reference.NorMuon``, under
+    an lr scale that follows a block's rows (``match_rms_adamw``)."""
+
+    def on(case: Case) -> Case:
+        settings = tuple(kv for kv in case.settings if kv[0] != "adjust_lr_fn")
+        return replace(
+            case,
+            candidate=BlockScaleBeforeNormNorMuon,
+            mode=None,
+            settings=(*settings, ("adjust_lr_fn", "match_rms_adamw")),
+        )
+
+    gate_runner.catch(
+        "negative:heads:BlockScaleBeforeNormNorMuon",
+        row_block_cases(max_world=gate_config().nproc, algorithm=NORMUON),
         lambda case: differed(gate_runner.run(on(case))),
         lambda case: on(case).describe(),
     )

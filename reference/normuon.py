@@ -60,7 +60,7 @@ from typing import Any, ClassVar, Literal, cast, get_args
 import torch
 from torch import Tensor
 
-from reference.muon import MUON_DEFAULTS, Interval, Muon, lr_scale, validate_settings
+from reference.muon import MUON_DEFAULTS, Interval, Muon, block_scales, lr_scale, validate_settings
 
 NormuonAxis = Literal["rows", "shape"]
 NormuonDenominator = Literal["add", "clamp"]
@@ -170,9 +170,9 @@ class NorMuon(Muon):
     }
     STATE: ClassVar[tuple[str, ...]] = ("momentum_buffer", "second_moment", "exp_avg", "exp_avg_sq")
     DEFAULTS: ClassVar[dict[str, Any]] = NORMUON_DEFAULTS
-    #: beside AdamW groups, as Muon; not Muon's Newton–Schulz claims: its update is not
-    #: Newton–Schulz's output (the spectrum, the norm's ties and Muon's causes say nothing of it)
-    CLAIMS: ClassVar[frozenset[str]] = frozenset({"hybrid_groups"})
+    #: beside AdamW groups and on row blocks, as Muon; not Muon's Newton–Schulz claims: its update
+    #: is not Newton–Schulz's output (the spectrum, the norm's ties and Muon's causes say nothing of it)
+    CLAIMS: ClassVar[frozenset[str]] = frozenset({"hybrid_groups", "heads"})
     #: none of Muon's causes: they are calibrated on Muon's update, not on NorMuon's
     CAUSES: ClassVar[dict[str, str]] = {}
     ENGINE_NAME: ClassVar[str | None] = None
@@ -188,9 +188,12 @@ class NorMuon(Muon):
         ortho: Tensor, state: dict[str, Any], group: dict[str, Any], shape: Sequence[int]
     ) -> tuple[Tensor, tuple[float, ...]]:
         """NorMuon's normalization of Newton–Schulz's output (``normalize_neurons``), its
-        statistics kept in ``state`` from the first step; one lr scale, the whole matrix's."""
+        statistics kept in ``state`` from the first step; then, under the Frobenius rescale, each
+        row block's own lr scale (``ns_heads``, ``ns_split``: ``block_scales``), after the
+        normalization of the whole matrix, which would cancel a scale applied before it
+        (microsoft/dion's NorMuon with ``split_sizes``, fixed in its pull request 113)."""
         if "second_moment" not in state:
             moment = second_moment_shape(shape, group["normuon_axis"])
             state["second_moment"] = torch.zeros(moment, dtype=torch.float32, device=ortho.device)
         normalized, scale = normalize_neurons(ortho, cast(Tensor, state["second_moment"]), group, shape)
-        return normalized, (scale,)
+        return normalized, (block_scales(shape, group) if group["normuon_scale"] == "frobenius" else (scale,))

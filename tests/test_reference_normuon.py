@@ -117,3 +117,25 @@ def test_the_statistics_are_float32_and_survive_a_checkpoint_of_a_bf16_parameter
 def test_bad_normuon_settings_are_refused_by_name(settings: dict[str, object], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         NorMuon([torch.nn.Parameter(torch.randn(3, 3))], **settings)
+
+
+@pytest.mark.parametrize("blocks", [{"ns_split": (1, 3, 4)}, {"ns_heads": 2}])
+def test_each_row_block_steps_with_its_own_lr_scale_after_the_normalization(blocks: dict) -> None:
+    """Row blocks (microsoft/dion's ``split_sizes``): Newton–Schulz per block, the statistics and
+    norms of the whole matrix, then each block's own lr scale. The lr scale comes after the
+    normalization, so a run whose scale follows a block's rows (``match_rms_adamw``) and one
+    without any (``none``) differ row by row by each block's own scale, not by the whole
+    matrix's (a scale applied before the normalization cancels: dion's pull request 113)."""
+    torch.manual_seed(0)
+    grad = torch.randn(8, 2)
+    steps = {}
+    for adjust in ("match_rms_adamw", "none"):
+        p = torch.nn.Parameter(torch.zeros(8, 2))
+        p.grad = grad.clone()
+        NorMuon([p], lr=0.1, weight_decay=0.0, adjust_lr_fn=adjust, **blocks).step()
+        steps[adjust] = p.detach().clone()
+    ratio = (steps["match_rms_adamw"] / steps["none"])[:, 0]
+    sizes = blocks.get("ns_split") or (8 // blocks["ns_heads"],) * blocks["ns_heads"]
+    expected = torch.cat([torch.full((n,), 0.2 * math.sqrt(max(n, 2))) for n in sizes])
+    torch.testing.assert_close(ratio, expected)
+    assert not torch.allclose(ratio, torch.full((8,), 0.2 * math.sqrt(8))), "the whole matrix's scale"

@@ -402,7 +402,9 @@ def every_layout(
     return st.one_of(whole, laid_out)
 
 
-def row_block_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int = 3) -> st.SearchStrategy[Case]:
+def row_block_cases(
+    *, max_world: int = 2, max_params: int = 2, max_steps: int = 3, algorithm: Algorithm = MUON
+) -> st.SearchStrategy[Case]:
     """Cases of Newton–Schulz on row blocks (``reference.Muon``'s ``ns_heads`` and ``ns_split``):
     FSDP2 on 1 to ``max_world`` ranks and every layout family ``layout_cases`` draws, each Muon
     matrix's rows made 2 to 4 heads of 1 to 8 rows each, or 2 to 4 blocks of 1 to 8 rows each,
@@ -412,8 +414,9 @@ def row_block_cases(*, max_world: int = 2, max_params: int = 2, max_steps: int =
     TP lays out as users do (Megatron's fused QKV): each TP rank's rows one whole group of
     blocks, the global split that group repeated ``tp`` times, so that a candidate's path for
     blocks a rank holds whole is drawn too (80 of 2,000 cases at 4 ranks, against 28 before).
-    Shrinks towards two heads of one row each on one rank."""
-    bases = every_layout(max_world=max_world, max_params=max_params, max_steps=max_steps, algorithm=MUON)
+    Shrinks towards two heads of one row each on one rank. ``algorithm``: a family that declares
+    the ``heads`` claim (Muon, NorMuon)."""
+    bases = every_layout(max_world=max_world, max_params=max_params, max_steps=max_steps, algorithm=algorithm)
     heads_drawn, rows_drawn = st.integers(2, 4), st.integers(1, 8)
     splits_drawn = st.one_of(st.none(), st.lists(rows_drawn, min_size=2, max_size=4).map(tuple))
     fused_drawn = st.booleans()
