@@ -29,12 +29,12 @@ from typing import Any
 
 import pytest
 
+from harness.plugin.devices import launched_by_torchrun
 from harness.plugin.gate_session import (
     DEFAULT_PROFILE,
     GATES,
     GateConfig,
     GateSession,
-    launched_by_torchrun,
     register_gate_ci_profile,
 )
 from harness.plugin.options import add_options, check_options
@@ -93,6 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session = GateSession(config, 2 if nproc is None else nproc)
     config.stash[SESSION] = session
     config.pluginmanager.register(session, "muongate-session")
+    config.pluginmanager.register(session.verdict, "muongate-verdict")
     accept = config.getoption("accept")
     # a room of its own (harness/plugin/accepted.py), registered as pytest-xdist registers its own
     if accept is not None:

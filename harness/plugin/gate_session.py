@@ -1,10 +1,12 @@
 """One session of gates: the object the plug-in registers with pytest for each session
 (``harness.plugin.pytest_configure``), which owns everything the session resolves and runs:
-the pool's size and devices, the ``--impl``/``--reference``/``--engine``/``--kernel``/``--model``
-and ``--layout-from`` plug-ins, the hypothesis profile, the runner and its stream, the skips
-on their way to it, and the report at the end with the exit code it decides. Its methods are
-the session's pytest hooks; nothing of it lives at module level, so that a session pytester
-starts inside another has an object of its own.
+the pool's size and devices (asked of ``harness.plugin.devices``), the
+``--impl``/``--reference``/``--engine``/``--kernel``/``--model`` and ``--layout-from`` plug-ins,
+the hypothesis profile, the runner and its stream, and the skips on their way to it. The exit
+status and the report at the end are the verdict's (``harness.plugin.verdict``), a plug-in of its
+own that this object makes and the plug-in registers beside it. Its methods are the session's
+pytest hooks; nothing of it lives at module level, so that a session pytester starts inside
+another has an object of its own.
 
 Torch, the profile, the devices and the plug-ins wait for the first sign that the session runs
 gates: an option only gates use (``--nproc``, ``--impl``…) or arguments that name muongate's
@@ -27,7 +29,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from harness.plugin.devices import is_xdist_controller, launched_by_torchrun, resolve_device, xdist_worker
 from harness.plugin.options import PROFILE_VARIABLE
+from harness.plugin.verdict import Verdict
 
 # Profiles are only registered here; a session that runs gates loads one (``GateSession.choose_profile``).
 # Distributed cases take milliseconds to seconds, so hypothesis's per-example deadline is off;
@@ -86,8 +90,6 @@ class GateSession:
         self.config = config
         #: ranks in the pool (``--nproc``, or torchrun's world size)
         self.nproc = nproc
-        #: ``--gate-baseline``'s figures, read at once so that a bad file is a usage error
-        self.baseline = _baseline(config)
         #: whether the session was seen to run gates (the profile is chosen then, once)
         self.gates_seen = False
         #: whether the devices and plug-ins are resolved (once, on the first sign of gates)
@@ -109,12 +111,9 @@ class GateSession:
         self.header_shown = False
         #: an earlier run's report files this session removed (``None``: not cleared yet)
         self.cleared: list[str] | None = None
-        #: why a session that named a candidate judged nothing of it ("": it judged some)
-        self.unjudged = ""
-        #: the run's summary, read from its streams once, at the session's end
-        self.summary: Any = None
-        self.baseline_diff: Any = None
-        if _is_xdist_controller(config):
+        #: the exit status and the report, a plug-in of its own, registered with this
+        self.verdict = Verdict(config, self._streams, lambda: self.cleared or [])
+        if is_xdist_controller(config):
             # Workers stream to results-gwN.jsonl and the controller merges every such file in
             # the directory at the end, so an earlier run's must go first, with its report.
             self.clear_report()
@@ -166,7 +165,7 @@ class GateSession:
         from harness.candidates import Impl
 
         config = self.config
-        self.backend, self.devices = _resolve_device(config, self.nproc)
+        self.backend, self.devices = resolve_device(config, self.nproc)
         self.impl = self._load_plugin("impl", Impl.load, "MODULE:FACTORY")
         if config.getoption("probe_undeclared"):
             if self.impl is None:
@@ -297,7 +296,7 @@ class GateSession:
         self.choose_profile()  # already done where collection saw the gate; not for a dynamic request
         self.resolve()
         directory = config.getoption("gate_report")
-        worker = _xdist_worker(config)
+        worker = xdist_worker(config)
         name = f"results-{worker}.jsonl" if worker else "results.jsonl"
         torchrun = launched_by_torchrun()
         writes_report = not torchrun or int(os.environ["RANK"]) == 0
@@ -385,7 +384,7 @@ class GateSession:
         """This session's result streams: its own, or (xdist controller) every worker's."""
         if self.runner is not None and self.runner.stream.path is not None:
             return [self.runner.stream.path]
-        if _is_xdist_controller(self.config):
+        if is_xdist_controller(self.config):
             return sorted(Path(self.config.getoption("gate_report")).glob("results-gw*.jsonl"))
         return []
 
@@ -536,35 +535,7 @@ class GateSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """A session that named a candidate (``--impl``, ``--engine``) and judged nothing of it fails,
-        naming why, unless ``--allow-unjudged``; so does one that left unjudged a part the user named
-        (a captured parameter or mesh: the ledger's ``Unjudged`` records); with ``--gate-baseline``, a
-        regression against the stored figures fails it too."""
-        self.session = session
-        config = self.config
-        streams = self._streams()
-        if not streams:
-            return
-        from reports.stream import read_streams
-        from reports.summary import summarize, unjudged_reason
-
-        summary = self.summary = summarize(read_streams(streams))
-        named = config.getoption("impl") or config.getoption("engine")
-        why = unjudged_reason(summary) if named else ""
-        asked = summary.unjudged_asked
-        if asked and not why:  # parts the user named by --layout-from, each listed in the report
-            why = f"{len(asked)} part(s) of what you named were not judged, listed above by reason"
-        if why:
-            self.unjudged = why
-            if not config.getoption("allow_unjudged") and session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self.baseline is None:
-            return
-        from reports.diff import diff_runs
-
-        self.baseline_diff = diff_runs(self.baseline, summary)
-        if self.baseline_diff.regressed and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self.session = session  # under torchrun its exit status is the rank's (``pytest_unconfigure``)
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -577,125 +548,6 @@ class GateSession:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(int(self.session.exitstatus) if self.session is not None else 1)
-
-    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-        streams = self._streams()
-        if not streams:
-            return
-        from rich.console import Console
-
-        from reports.diff import render_diff
-        from reports.files import write_files
-        from reports.markdown import to_markdown
-        from reports.stream import read_streams
-        from reports.summary import summarize
-        from reports.terminal import render
-
-        # Read once, in pytest_sessionfinish, which runs first: the streams can hold thousands of records.
-        summary = self.summary or summarize(read_streams(streams))
-        console = Console(  # no emoji: "examples.hf_llama:llama" is a spec, not ":llama:"
-            file=terminalreporter._tw._file,
-            width=terminalreporter._tw.fullwidth if terminalreporter._tw._file.isatty() else 140,  # a log: lines whole
-            no_color="CI" in os.environ,
-            emoji=False,
-        )
-        console.print(render(summary), crop=False)  # a reproduce command stays whole, to be copied
-        directory = streams[0].parent
-        write_files(summary, directory)
-        names = ", ".join(p.name for p in streams)
-        cleared = self.cleared or []
-        removed = f" (an earlier run's {', '.join(cleared)} removed)" if cleared else ""
-        terminalreporter.write_line(
-            f"muongate report: {directory}/equivalence.html, equivalence.md, figures.json, {names}{removed}"
-        )
-        if self.unjudged:
-            allowed = config.getoption("allow_unjudged")
-            terminalreporter.write_line(
-                f"muongate: NOT JUDGED: {self.unjudged}"
-                + (" (--allow-unjudged)" if allowed else "; --allow-unjudged accepts that"),
-                yellow=allowed,
-                red=not allowed,
-                bold=True,
-            )
-        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if step_summary:
-            with open(step_summary, "a", encoding="utf-8") as f:
-                f.write(to_markdown(summary))
-        if self.baseline_diff is not None:
-            console.print(render_diff(self.baseline_diff))
-            for line in self.baseline_diff.messages():
-                terminalreporter.write_line(f"REGRESSION against {config.getoption('gate_baseline')}: {line}", red=True)
-
-
-def launched_by_torchrun() -> bool:
-    # Without RANK in the environment there is no torchrun, and no need to import the rank code.
-    if "RANK" not in os.environ:
-        return False
-    from harness.ranks import launched_by_torchrun as launched
-
-    return launched()
-
-
-def _resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
-    """The backend and one device per rank (under torchrun: this rank's device only)."""
-    import torch
-
-    from harness.ranks.relay import BACKEND as RELAY
-
-    wanted, comm = config.getoption("gate_device"), config.getoption("gate_comm")
-    if launched_by_torchrun():
-        if comm == "relay":
-            raise pytest.UsageError("--gate-comm relay runs in muongate's pool: leave it out under torchrun")
-        local = int(os.environ["LOCAL_RANK"])
-        if wanted != "cpu" and torch.cuda.device_count() > local:
-            return "nccl", [f"cuda:{local}"]
-        if wanted == "cuda":
-            raise pytest.UsageError(f"--gate-device cuda: local rank {local} has no GPU of its own")
-        return "gloo", ["cpu"]
-    # Under pytest-xdist each worker runs its own pool on its own block of GPUs.
-    workers, index = _xdist_workers(config)
-    gpus = torch.cuda.device_count() if wanted != "cpu" else 0
-    if wanted == "cuda" and gpus == 0:
-        raise pytest.UsageError("--gate-device cuda: no GPU is visible; try --gate-device cpu")
-    on_gpus = wanted == "cuda" or (wanted == "auto" and gpus >= nproc * workers)
-    if on_gpus and (comm == "relay" or (comm == "auto" and gpus < nproc * workers)):
-        # Ranks share the GPUs, each worker's pool all of them: NCCL cannot, the relay can.
-        return RELAY, [f"cuda:{(index * nproc + r) % gpus}" for r in range(nproc)]
-    if on_gpus and gpus < nproc * workers:
-        raise pytest.UsageError(
-            f"--gate-device cuda --gate-comm native needs one GPU per rank: -n {workers} --nproc {nproc} but "
-            f"{gpus} GPU(s) are visible; leave out --gate-comm to share them through the relay, or try "
-            "--gate-device cpu"
-        )
-    if on_gpus:
-        return "nccl", [f"cuda:{index * nproc + r}" for r in range(nproc)]
-    return (RELAY if comm == "relay" else "gloo"), ["cpu"] * nproc
-
-
-def _workerinput(config: pytest.Config) -> dict[str, Any] | None:
-    """What xdist hands a worker's own config (``workerid``, ``workercount``); None in a
-    controller or without xdist. Never ``PYTEST_XDIST_WORKER``: a pytest session that an xdist
-    worker's test starts inherits that variable, and is no worker."""
-    return getattr(config, "workerinput", None)
-
-
-def _xdist_worker(config: pytest.Config) -> str | None:
-    """This xdist worker's id (``gw0`` …); None in a controller or without xdist."""
-    workerinput = _workerinput(config)
-    return str(workerinput["workerid"]) if workerinput else None
-
-
-def _xdist_workers(config: pytest.Config) -> tuple[int, int]:
-    """(number of xdist workers, this worker's index); (1, 0) without xdist."""
-    workerinput = _workerinput(config)
-    if workerinput:
-        return int(workerinput["workercount"]), int(str(workerinput["workerid"]).removeprefix("gw"))
-    count = getattr(config.option, "numprocesses", None)
-    return (count if isinstance(count, int) and count > 0 else 1), 0
-
-
-def _is_xdist_controller(config: pytest.Config) -> bool:
-    return _xdist_workers(config)[0] > 1 and not _xdist_worker(config)
 
 
 def _says_it_runs_gates(config: pytest.Config) -> bool:
@@ -751,23 +603,6 @@ def _fix_seed(config: pytest.Config) -> None:
         seed = random.randrange(2**32)
         config.option.hypothesis_seed = str(seed)
         core.global_force_seed = seed  # type: ignore[assignment]  # as hypothesis's plugin does with --hypothesis-seed
-
-
-def _baseline(config: pytest.Config) -> Any:
-    """The ``--gate-baseline`` figures, read now so that a bad file is a usage error, not a late crash."""
-    path = config.getoption("gate_baseline")
-    if path is None:
-        return None
-    import json
-
-    from reports.files import from_figures
-
-    try:
-        return from_figures(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise pytest.UsageError(
-            f"--gate-baseline {path}: {e}; expected the figures.json an earlier run wrote to its --gate-report directory"
-        ) from e
 
 
 def _findings(failure: BaseException | None) -> list[BaseException]:
