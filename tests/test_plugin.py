@@ -85,16 +85,10 @@ BAD_OPTIONS = [
         "ERROR: --layout-from */llama-fsdp16.json: pytest took * for a test path * write --layout-from=*",
     ),
     (
-        ["--reference", "reference:AdamW"],
+        ["--reference", "reference:LowBitAdamW"],
         {},
-        "ERROR: --reference reference:AdamW: muongate's built-in candidate *is a Muon*"
-        "*e.g. --impl gates.examples.torch_adam:adamw_for_loop",
-    ),
-    (
-        ["--reference", "reference:NorMuon"],
-        {},
-        "ERROR: --reference reference:NorMuon: *name a candidate of NorMuon with --impl, e.g. "
-        "--impl distributed_impl:ShardedNorMuon",
+        "ERROR: --reference reference:LowBitAdamW: muongate ships no candidate of LowBitAdamW; name one with "
+        "--impl MODULE:FACTORY",
     ),
     (
         ["--reference", "AdamW"],
@@ -188,6 +182,17 @@ def test_gate_figures_reach_junit_xml_and_the_github_step_summary(
     assert properties["tiny.cases"] == "1" and properties["tiny.failed"] == "0"
     assert properties["tiny.comparisons"] == properties["tiny.bitwise"] == "4"
     assert "| tiny | candidate | bitwise | 1 | 0 | ref 1/1 | 4/4 |" in summary.read_text()
+
+
+def test_a_reference_alone_judges_the_candidate_muongate_ships_for_its_family(other_project: pytest.Pytester) -> None:
+    """``--reference reference:NorMuon`` without ``--impl`` was refused ("the built-in candidate is a
+    Muon"); it runs the family's own candidate (``FAMILIES``), named as the candidate."""
+    result = run_pytest(
+        other_project, "-p", "harness.plugin", "--pyargs", "gates.test_optimizer_gates", "-k", "one_step",
+        "--nproc", "2", "--reference", "reference:NorMuon", "-p", "no:randomly", timeout=300,
+    )  # fmt: skip
+    assert result.ret == 0, "\n".join(result.outlines[-20:])
+    result.stdout.fnmatch_lines(["*candidate distributed_impl:ShardedNorMuon*", "*1 passed*"])
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(suite: pytest.Pytester) -> None:

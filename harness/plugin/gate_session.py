@@ -162,6 +162,7 @@ class GateSession:
         """The devices and the plug-ins, once; any problem is a usage error."""
         if self.resolved:
             return
+        from harness.algorithms import MUON, built_in
         from harness.candidates import Impl
 
         config = self.config
@@ -172,6 +173,10 @@ class GateSession:
                 raise pytest.UsageError("--probe-undeclared probes an --impl candidate: add --impl MODULE:FACTORY")
             self.impl = self.impl.probing()
         self.algorithm = self._algorithm()
+        if self.impl is None and self.algorithm.factory not in (MUON.factory, None):
+            # --reference alone: the family's own candidate, as if named (``FAMILIES``), so that
+            # what runs is judged and shown as that candidate, never as muongate's Muon
+            self.impl = Impl.load(built_in(self.algorithm))
         if self.impl is not None:
             self.impl = self.impl.judged_against(self.algorithm)
         self.engine = self._engine()
@@ -237,11 +242,9 @@ class GateSession:
             )
         if impl is not None and (refused := algorithm.unknown_causes(impl.differences)):
             raise pytest.UsageError(f"--reference {spec} with --impl {impl.spec}: its Candidate {refused}")
-        if impl is None and algorithm.factory is not MUON.factory:
-            shipped = FAMILIES.get(algorithm.spec)
+        if impl is None and algorithm.factory is not MUON.factory and FAMILIES.get(algorithm.spec) is None:
             raise pytest.UsageError(
-                f"--reference {spec}: muongate's built-in candidate (distributed_impl:ShardedMuon) is a Muon; name a "
-                f"candidate of {algorithm.name} with --impl" + (f", e.g. --impl {shipped}" if shipped else "")
+                f"--reference {spec}: muongate ships no candidate of {algorithm.name}; name one with --impl MODULE:FACTORY"
             )
         return algorithm
 
