@@ -296,6 +296,7 @@ def test_an_engine_is_refused_in_one_line_where_its_package_is_missing_or_its_de
             "runs its ranks on cuda only, and this session's are on cpu: try --gate-device cuda"
         )
     assert megatron.declared.devices == {"cuda"}
+    assert LoadedEngine.load("gates.examples.flat_engine:flat_engine").refusal("cpu") is None, "muongate's own"
     with pytest.raises(ValueError, match="Engine devices: unknown"):
         Engine(stages={0}, devices={"tpu"})
 

@@ -303,7 +303,7 @@ class LoadedEngine:
         from importlib.metadata import PackageNotFoundError, version
 
         package = self.declared.package
-        if package is not None:
+        if package is not None and "==" in package:  # a distribution (muongate's own engine names a file)
             name = package.split("==")[0].strip()
             try:
                 version(name)
