@@ -104,6 +104,20 @@ def test_engine_steps_like_its_one_device_side_bitwise(
 
 @given(data=st.data())
 @settings(max_examples=max(3, settings().max_examples // 20))
+def test_engine_reduces_and_accumulates_float32_gradients_in_float32(gate_runner: Any, data: Any) -> None:
+    """The precision witness (``harness.engines.case``): float32 gradients whose every sum is exact
+    in float32 and rounds in bf16, so a reduction or an accumulation carried in bf16 where the
+    engine declares float32 differs bitwise, which the exact feed cannot show."""
+    engine = _engine()
+    if "float32" not in engine.declared.dtypes:  # type: ignore[operator]
+        pytest.skip(f"engine:precision: {engine.spec} declares no float32 cases")
+    gate_runner.subject = _subject()
+    cases = engine_cases(engine.spec, engine.declared, _world(), dtype="float32", checkpoint=False, witness="precision")
+    gate_runner.check("engine:precision float32", data.draw(cases), task="engine")
+
+
+@given(data=st.data())
+@settings(max_examples=max(3, settings().max_examples // 20))
 def test_engine_orthogonalizes_each_head_of_a_query_projection_as_the_reference_does(
     gate_runner: Any, head_stage: int, data: Any
 ) -> None:
@@ -230,6 +244,27 @@ def test_engine_gate_catches_planted_engine_bug(gate_runner: Any, control: str) 
         EngineCase.describe,
     )
     assert sum(len(s) for s in minimal.shapes) <= 4 and minimal.steps <= 2, minimal.describe()
+
+
+@pytest.mark.judges(
+    "muongate's precision witness, with an engine that reduces in bf16 (negative control)", "muongate: gates"
+)
+def test_precision_witness_catches_a_bf16_reduction_that_the_exact_feed_cannot_see(gate_runner: Any) -> None:
+    """The flat engine all-reducing its float32 gradients in bf16: the precision witness catches it
+    and shrinks it; the same minimal case on the exact feed passes, whose sums bf16 holds exactly."""
+    if gate_config().nproc < 2:
+        pytest.skip("the control needs two ranks")
+    spec = f"{flat_engine.__name__}:bf16_reduced_engine"
+    declared = LoadedEngine.load(spec).declared
+    minimal = gate_runner.catch(
+        "negative:engine:bf16_reduced_engine",
+        engine_cases(spec, declared, 2, checkpoint=False, dtype="float32", witness="precision"),
+        lambda case: differed(gate_runner.run(case, task="engine")),
+        EngineCase.describe,
+    )
+    assert sum(len(s) for s in minimal.shapes) <= 4 and minimal.steps <= 2, minimal.describe()
+    blind = gate_runner.run(replace(minimal, witness="exact"), task="engine")
+    assert not differed(blind), "the exact feed's sums are exact in bf16 too: it cannot see the reduction's dtype"
 
 
 DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from support import ENGINES, repo_env, run_pytest, run_python
 
 from harness.engines import Engine, LoadedEngine
-from harness.engines.case import engine_cases
+from harness.engines.case import EngineCase, engine_cases
 
 DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"
 
@@ -314,3 +314,23 @@ def test_a_session_refuses_megatron_without_megatron_core_in_one_line(other_proj
         "ERROR: --engine examples.megatron_adapter:megatron_ddp: drives megatron-core==0.19.2, which is not "
         "installed here: pip install 'megatron-core==0.19.2' (docs/pages/engines.md)"
     ], said
+
+
+def test_the_precision_witness_is_exact_in_float32_and_rounds_in_bf16_and_is_refused_for_bf16_cases() -> None:
+    """The feed the precision gate draws: every sum over ranks and micro-batches is exact in float32
+    (the mean equals float64's), bf16 rounds the feed itself, and a bf16 case cannot carry it."""
+    case = EngineCase(
+        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, accumulate=4,
+        reduce_scatter=None, dtype="float32", shapes=((8, 8),), no_grad=(), steps=1, seed=3, world_size=8,
+        settings=(), witness="precision",
+    )  # fmt: skip
+    feeds = [case.feed(0, r, m)["p0"] for r in range(8) for m in range(4)]
+    exact = torch.stack([f.double() for f in feeds]).sum(0) / 32
+    assert torch.equal(case.mean_gradient(0)["p0"].double(), exact)
+    assert not torch.equal(feeds[0].bfloat16().float(), feeds[0]), "bf16 holds the witness: it would see nothing"
+    assert torch.equal(
+        replace(case, witness="exact").feed(0, 0, 0)["p0"].bfloat16().float(),
+        replace(case, witness="exact").feed(0, 0, 0)["p0"],
+    )
+    with pytest.raises(ValueError, match="needs float32 gradients"):
+        replace(case, dtype="bfloat16")

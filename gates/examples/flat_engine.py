@@ -18,7 +18,11 @@ The planted bugs, each a sharding mistake engines have made:
     the owner of a straddling matrix takes the all-reduced gradient only for its own
     partition's elements, and its own rank's unreduced gradient for the rest;
 ``lossy_reshard_engine``
-    converts a checkpoint for another world size (``flat_reshard``) without its optimizer state.
+    converts a checkpoint for another world size (``flat_reshard``) without its optimizer state;
+``bf16_reduced_engine``
+    all-reduces the float32 gradients in bf16 (a reduction narrower than the declared dtype, as
+    2026's reports against frameworks' mixed-precision policies say): only the precision
+    witness feed sees it (``harness.engines.case``).
 
 Its checkpoints are a file per rank; ``flat_reshard`` merges them into one that any world
 size loads.
@@ -84,8 +88,13 @@ class FlatRun:
         grads = {n: p.grad for n, p in self.params.items()}
         local = torch.cat([(g if g is not None else torch.zeros_like(p)).float().flatten() for (n, p), g in
                            zip(self.params.items(), grads.values(), strict=True)])  # fmt: skip
-        reduced = local.clone()
-        dist.all_reduce(reduced, group=self.group)
+        if self.bug == "bf16_reduced":  # the all-reduce carried in bf16, its result widened again
+            narrow = local.to(torch.bfloat16)
+            dist.all_reduce(narrow, group=self.group)
+            reduced = narrow.float()
+        else:
+            reduced = local.clone()
+            dist.all_reduce(reduced, group=self.group)
         reduced /= self.world
         for name, optimizer in self.optimizers.items():
             if grads[name] is None:
@@ -208,5 +217,10 @@ def lossy_reshard_engine(model: nn.Module, config: EngineConfig, group: Any) -> 
     return FlatRun(model, config, group)
 
 
-#: the planted engines the gates must catch, by name
+@replace(DECLARED, judged={})
+def bf16_reduced_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
+    return FlatRun(model, config, group, bug="bf16_reduced")
+
+
+#: the planted engines the gates must catch on the exact feed, by name
 CONTROLS = {f.__name__: f for f in (sliced_engine, per_micro_batch_engine, partly_reduced_engine)}

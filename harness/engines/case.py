@@ -9,6 +9,14 @@ sizes that are powers of two, is exact in float32 and in bf16 (partial sums are 
 gradient the one-device side steps on, and the comparison isolates its optimizer, its
 partitioning and its accumulation: a wrong reduction (one rank's gradient, a gradient
 counted twice, a step per micro-batch) changes the values, a reordered one cannot.
+
+That feed cannot see the dtype a reduction or an accumulation is carried in: its sums are exact
+in bf16 too. The *precision witness* (``EngineCase.witness == "precision"``, float32 cases)
+draws each ``c`` as a multiple of 2^-12 instead: a sum of at most 32 of them (8 ranks, 4
+micro-batches) needs at most 17 significant bits, exact in float32 whatever the order, while bf16
+keeps 8, so the witness rounds wherever it passes through bf16. An engine that reduces or
+accumulates in bf16 where it declares float32 then differs bitwise; a reordered float32 one
+still cannot.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from harness.algorithms import engine_family
 from harness.engines import Engine, EngineConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: each feed's grid: its values are the multiples of 1/grid in [-1, 1] (module docstring)
+WITNESS_GRID = {"exact": 8, "precision": 2**12}
 
 
 #: the name of a case's first matrix where it is a query projection of ``EngineCase.heads`` heads
@@ -122,11 +132,21 @@ class EngineCase:
     clip_form: str = "torch"
     #: what the engine's declaration took out of the drawn case (``Engine.needs_every_grad``), said in its description
     narrowed: tuple[str, ...] = ()
+    #: the gradient feed (module docstring): ``"exact"`` (multiples of 1/8, exact in bf16 too) or
+    #: ``"precision"`` (multiples of 2^-12, exact in float32 only: a witness of the reduction's dtype)
+    witness: str = "exact"
 
     def __post_init__(self) -> None:
         for what, n in (("world_size", self.world_size), ("accumulate", self.accumulate)):
             if n < 1 or not math.log2(n).is_integer():
                 raise ValueError(f"EngineCase {what}={n}: a power of two, so that every sum of the feed is exact")
+        if self.witness not in WITNESS_GRID:
+            raise ValueError(f"EngineCase witness={self.witness!r}: one of {sorted(WITNESS_GRID)}")
+        if self.witness == "precision" and self.dtype != "float32":
+            raise ValueError(
+                f"EngineCase witness='precision' with dtype={self.dtype}: the witness needs float32 gradients "
+                "(bf16 ones round it themselves)"
+            )
 
     @property
     def config(self) -> EngineConfig:
@@ -150,8 +170,9 @@ class EngineCase:
     def feed(self, step: int, rank: int, micro: int) -> dict[str, Tensor]:
         """``c`` of every parameter with a gradient, for one micro-batch of one rank."""
         generator = torch.Generator().manual_seed(hash((self.seed, step, rank, micro)) % 2**62)
+        grid = WITNESS_GRID[self.witness]
         return {
-            name: torch.randint(-8, 9, shape, generator=generator).float() / 8
+            name: torch.randint(-grid, grid + 1, shape, generator=generator).float() / grid
             for i, (name, shape) in enumerate(zip(self.names, self.shapes, strict=True))
             if i not in self.no_grad
         }
@@ -196,6 +217,8 @@ class EngineCase:
             declared += f"; gradients clipped to norm {self.clip:g} ({self.clip_form})"
         if self.narrowed:
             declared += "; narrowed: " + ", ".join(self.narrowed)
+        if self.witness == "precision":
+            declared += "; precision witness feed (multiples of 2^-12: exact in float32, rounded by bf16)"
         return (
             f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
             f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks{declared}"
@@ -242,11 +265,12 @@ def engine_cases(
     optimizer: str | None = None,
     accumulate: int | None = None,
     dtype: str | None = None,
+    witness: str = "exact",
 ) -> st.SearchStrategy[EngineCase]:
     """Cases of everything ``declared`` (or of the one ``stage``, ``optimizer``, ``accumulate``
     and ``dtype`` given): its ``reduce_scatter`` settings and dtypes, parameters of shapes
     that straddle the partitions at every world size (uneven by construction), some without
-    gradients, and a checkpoint where the stage declares one."""
+    gradients, and a checkpoint where the stage declares one; fed by ``witness``'s feed."""
 
     def one(given: Any, declared_values: Any) -> st.SearchStrategy[Any]:
         return st.just(given) if given is not None else st.sampled_from(sorted(declared_values))
@@ -277,6 +301,7 @@ def engine_cases(
             world_size=world_size,
             settings=draw(_settings(chosen, declared.options.get(chosen))),
             checkpoint_at=draw(st.none() | st.integers(0, steps - 2)) if saves else None,
+            witness=witness,
         )
         return judged(case, declared)
 
