@@ -73,7 +73,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -174,6 +174,10 @@ def ds_config(config: EngineConfig) -> dict[str, Any]:
 class DeepSpeedRun:
     """One DeepSpeed engine on this rank (``harness.engines.EngineRun``)."""
 
+    #: configuration beside the case's (``ds_config``): none here; a planted bug's
+    #: (``examples/deepspeed_planted_bugs.py``) may add some
+    extra_config: ClassVar[dict[str, Any]] = {}
+
     def __init__(self, model: nn.Module, config: EngineConfig, group: Any) -> None:
         if dist.get_world_size(group) != dist.get_world_size():
             raise ValueError(
@@ -183,7 +187,7 @@ class DeepSpeedRun:
         os.environ["LOCAL_RANK"] = str(dist.get_rank())
         self.config = config
         self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config=ds_config(config)
+            model=model, model_parameters=model.parameters(), config={**ds_config(config), **self.extra_config}
         )
         self.params = dict(self.engine.module.named_parameters())
 

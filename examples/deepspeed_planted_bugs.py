@@ -8,11 +8,16 @@ engine's own one-device optimizer says (``gates/test_engine_gates.py``)::
 ``momentum_restarted``
     every Muon momentum buffer zeroed after each optimizer step (a resumed or re-partitioned
     engine that loses its state): the first step is right, the later ones are not.
+``bf16_communication``
+    DeepSpeed configured with ``communication_data_type: bf16`` while its parameters and its
+    declaration are float32: gradients reduced in a dtype narrower than declared. The exact feed
+    passes it at stages 0 to 2 (its sums are exact in bf16); the precision witness fails it
+    (``-k planted_deepspeed``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -42,6 +47,18 @@ class MomentumRestarted(DeepSpeedRun):
 @DECLARED
 def momentum_restarted(model: nn.Module, config: EngineConfig, group: Any) -> DeepSpeedRun:
     return MomentumRestarted(model, config, group)
+
+
+class BF16Communication(DeepSpeedRun):
+    """DeepSpeed told to communicate its gradients in bf16 (``communication_data_type``) while its
+    parameters and declaration are float32: the reduction narrower than the declared dtype."""
+
+    extra_config: ClassVar[dict[str, Any]] = {"communication_data_type": "bf16"}
+
+
+@DECLARED
+def bf16_communication(model: nn.Module, config: EngineConfig, group: Any) -> DeepSpeedRun:
+    return BF16Communication(model, config, group)
 
 
 #: the planted bugs, by name

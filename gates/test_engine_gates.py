@@ -319,3 +319,28 @@ def test_engine_gate_catches_a_planted_megatron_bug_against_the_reference(
         EngineCase.describe,
     )
     assert minimal.against == "reference", minimal.describe()
+
+
+@pytest.mark.judges(
+    "muongate's precision witness against the reference, with DeepSpeed told to communicate in bf16", "muongate: gates"
+)
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_precision_witness_catches_a_planted_deepspeed_bf16_communication(gate_runner: Any, stage: int) -> None:
+    """Under ``--engine examples.deepspeed_adapter:deepspeed_zero``: DeepSpeed with
+    ``communication_data_type: bf16`` and float32 parameters (``examples/deepspeed_planted_bugs.py``)
+    is caught by the precision witness at stages 0 to 2, where the exact feed passes the same
+    minimal case."""
+    if _engine().spec != DEEPSPEED:
+        pytest.skip(f"plants its bug in DeepSpeed: runs under --engine {DEEPSPEED}")
+    if gate_config().nproc < 2:
+        pytest.skip("the control needs two ranks")
+    spec = "examples.deepspeed_planted_bugs:bf16_communication"
+    declared = LoadedEngine.load(spec).declared
+    minimal = gate_runner.catch(
+        f"negative:engine:deepspeed bf16_communication stage {stage}",
+        engine_cases(spec, declared, 2, checkpoint=False, stage=stage, dtype="float32", witness="precision"),
+        lambda case: differed(gate_runner.run(case, task="engine")),
+        EngineCase.describe,
+    )
+    blind = gate_runner.run(replace(minimal, witness="exact"), task="engine")
+    assert not differed(blind), "the exact feed's sums are exact in bf16 too: it cannot see the reduction's dtype"

@@ -239,13 +239,16 @@ def test_the_deepspeed_adapter_refuses_a_release_without_muon_in_one_line_naming
 def test_a_bug_planted_in_deepspeed_fails_the_engine_gate_against_the_reference_at_every_stage(
     tmp_path: Path,
 ) -> None:
-    """Muon's momentum zeroed after each DeepSpeed step (examples/deepspeed_planted_bugs.py)."""
+    """Muon's momentum zeroed after each DeepSpeed step, and DeepSpeed communicating in bf16 under
+    float32 (examples/deepspeed_planted_bugs.py)."""
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip(f"needs {ENGINES}")
     run = _engine_session(tmp_path, "--engine", DEEPSPEED, "-k", "planted_deepspeed", "--allow-unjudged")
-    assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout[-4000:]
+    assert run.returncode == 0 and "7 passed" in run.stdout, run.stdout[-4000:]
     for stage in range(4):
         assert re.search(rf"engine:deepspeed momentum_restarted stage {stage}\s+yes", run.stdout), run.stdout[-4000:]
+    for stage in range(3):  # communication_data_type bf16: the precision witness's, the exact feed passing
+        assert re.search(rf"engine:deepspeed bf16_communication stage {stage}\s+yes", run.stdout), run.stdout[-4000:]
 
 
 def test_a_case_judged_against_the_reference_is_named_by_it_when_the_engines_own_optimizer_shown_beside_it_differs_too() -> (
