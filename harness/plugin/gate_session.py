@@ -292,7 +292,7 @@ class GateSession:
         from harness.ranks import LauncherGroup, RankPool
         from harness.reproduce import Rerun
         from harness.runinfo import make_header
-        from harness.runner import GateRunner
+        from harness.runner import RANK_PRELOAD, GateRunner
         from reports.stream import ResultStream
 
         config = self.config
@@ -321,6 +321,7 @@ class GateSession:
                 case_timeout_s=timeout,
                 threads=threads,
                 grids=grids,
+                preload=RANK_PRELOAD,
             )
         tty = terminal() if writes_report else None
         progress = CaseProgress.start(tty) if tty is not None else None

@@ -4,7 +4,7 @@ is safe: the CPU pool's ranks then come from a server that inherited this proces
 A forkserver started the usual way is a new interpreter that imports torch, FSDP2, DTensor and
 the rank tasks again: about 4 s of CPU and of waiting at the first case of every gate session
 on the 2-core machine, which a session has already paid once for its own imports. Forked,
-the server imports only what this process lacks, then warms up (``harness.ranks.warmup``) as
+the server imports only what this process lacks, then warms up (``harness.tasks.warmup``, where preloaded) as
 before; everything downstream (``Process``, sentinels, exit codes) is multiprocessing's own.
 
 A fork copies every thread's locks but not the threads, so the server is forked only while

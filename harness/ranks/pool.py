@@ -12,13 +12,15 @@ Rendezvous never uses a fixed port: the parent owns a ``TCPStore`` bound to port
 each spawn of the pool uses its own store prefix. Several pools (pytest-xdist workers)
 therefore run side by side without colliding.
 
-CPU (gloo) workers are forked from a ``forkserver`` that has imported torch and the rank
-tasks once, so fresh ranks are ready in a fraction of a second, not seconds: a candidate that
-crashes on many cases costs one respawn per case, and shrinking such a case takes hundreds
-of them. The server holds no thread of torch's, gloo's or OpenMP's when it forks: its
-warm-up step runs on torch's ``fake`` backend, one thread (``harness.ranks.warmup``; a
-child inherits other threads' locks and state but not the threads, and an earlier server
-that warmed up on a gloo group forked beside gloo's three threads). CUDA workers are
+CPU (gloo) workers are forked from a ``forkserver`` that has imported torch and what the
+pool's user names to preload (the gate session: the rank tasks and their warm-up,
+``harness.runner.RANK_PRELOAD``) once, so fresh ranks are ready in a fraction of a second, not
+seconds: a candidate that crashes on many cases costs one respawn per case, and shrinking such
+a case takes hundreds of them. The server holds no thread of torch's, gloo's or OpenMP's when
+it forks: the warm-up step runs on torch's ``fake`` backend, one thread
+(``harness.tasks.warmup``; a child inherits other threads' locks and state but not the
+threads, and an earlier server that warmed up on a gloo group forked beside gloo's three
+threads). CUDA workers are
 spawned: a process forked from one that has touched the CUDA driver cannot use CUDA.
 
 Nothing hangs forever, and a hang is called in seconds, never for a rank that progresses.
@@ -65,7 +67,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -80,19 +82,9 @@ from harness.ranks.relay import register as register_relay
 from harness.ranks.stacks import Frame, collective, crash_said, main_thread_frames, own_frames
 from harness.ranks.watch import Progress, Quiet, StackReader, serve_stacks
 
-#: What the forkserver imports once, so that every worker forked from it starts warm.
-_PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "harness.ranks.pool",
-    "harness.tasks.optimizer",
-    "harness.tasks.reshard",
-    "harness.tasks.muon",
-    "harness.tasks.training",
-    "harness.tasks.kernel",
-    "harness.tasks.selftest",
-    "harness.ranks.warmup",
-]
+#: What the forkserver imports once for any pool; a pool's user names more (``RankPool(preload=…)``:
+#: its tasks, a warm-up), so that every worker forked from it starts warm. The pool knows no task.
+_OWN_PRELOAD = ["torch", "torch.distributed", "harness.ranks.pool"]
 
 
 @dataclass(frozen=True)
@@ -277,6 +269,7 @@ class RankPool:
         stall_s: float | None = None,
         threads: int | None = None,
         grids: tuple[tuple[int, ...], ...] = (),
+        preload: Sequence[str] = (),
     ) -> None:
         if nproc < 1:
             raise ValueError(f"nproc={nproc} must be at least 1")
@@ -284,6 +277,8 @@ class RankPool:
             raise ValueError(f"devices={devices!r} must name one device per rank ({nproc})")
         self.nproc = nproc
         self.backend = backend
+        #: what a CPU pool's forkserver imports before it forks a rank (the first pool's, for the process)
+        self.preload = [*_OWN_PRELOAD, *preload]
         self.devices = devices or ["cpu"] * nproc
         #: multi-dim meshes beyond the pool's own that the ranks make groups for (a replayed capture's)
         self.grids = grids
@@ -311,7 +306,7 @@ class RankPool:
             self._ctx = mp.get_context("spawn")
         else:
             self._ctx = mp.get_context("forkserver")
-            self._ctx.set_forkserver_preload(_PRELOAD)
+            self._ctx.set_forkserver_preload(self.preload)
             self._hidden = {"CUDA_VISIBLE_DEVICES": ""}
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -335,7 +330,7 @@ class RankPool:
 
         if not self.devices[0].startswith("cuda"):
             # Before the store's threads exist: the server may then be a fork of this process.
-            fork_server(_PRELOAD)
+            fork_server(self.preload)
         if self._store is None:
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.spawns += 1

@@ -23,8 +23,19 @@ reported as its verdict (figures, each failing rank's exit code and stack, the c
 command that reproduces it), never as a traceback through the harness.
 """
 
+from harness.runner.dispatch import RANK_PRELOAD
 from harness.runner.findings import FINDINGS, AlreadyShrunk, Finding, fail
 from harness.runner.gate import GateRunner
 from harness.runner.ran import Ran, RankCase, robust_finding
 
-__all__ = ["FINDINGS", "AlreadyShrunk", "Finding", "GateRunner", "Ran", "RankCase", "fail", "robust_finding"]
+__all__ = [
+    "FINDINGS",
+    "RANK_PRELOAD",
+    "AlreadyShrunk",
+    "Finding",
+    "GateRunner",
+    "Ran",
+    "RankCase",
+    "fail",
+    "robust_finding",
+]

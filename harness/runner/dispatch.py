@@ -32,6 +32,16 @@ TASKS: dict[str, Callable[[RankContext, Any], TaskResult]] = {
 }
 
 
+#: what the pool's forkserver imports for the gates' ranks (``RankPool(preload=…)``): every task
+#: module ``TASKS`` runs, and the warm-up that steps ``ShardedMuon`` once on torch's ``fake``
+#: backend, so that a rank forked from the server starts warm (``harness.tasks.warmup``)
+RANK_PRELOAD: tuple[str, ...] = (
+    *sorted({task.__module__ for task in TASKS.values()}),
+    "harness.tasks.selftest",
+    "harness.tasks.warmup",
+)
+
+
 def run_on(
     pool: RankPool | LauncherGroup,
     case: RankCase,

@@ -1,5 +1,7 @@
-"""Imported once by the CPU pool's forkserver (``harness.ranks.pool``): warms what every rank's
-first case would otherwise pay for, so that every rank forked from the server starts warm.
+"""Imported once by the CPU pool's forkserver where the gate session preloads it
+(``harness.runner.RANK_PRELOAD``): warms what every rank's first case would otherwise pay for,
+so that every rank forked from the server starts warm. A task's room, not the pool's: it
+steps a candidate (``ShardedMuon``).
 
 One FSDP2 forward and ``ShardedMuon`` step, on a one-rank process group of torch's ``fake``
 backend (its collectives do nothing), destroyed before any rank is forked: the rank inherits
