@@ -23,7 +23,7 @@ import reference
 from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases
 from harness.ranks import RankPool
-from harness.runner import Ran
+from harness.runner import RANK_PRELOAD, Ran
 from harness.tasks.optimizer import run_optimizer_case
 from harness.tasks.phases import last_phases
 
@@ -39,7 +39,7 @@ def main() -> None:
     query_seconds: list[float] = []
     rank0: dict[str, float] = defaultdict(float)
     failures = 0
-    with RankPool(args.nproc) as pool:
+    with RankPool(args.nproc, preload=RANK_PRELOAD) as pool:
         pool.run(run_optimizer_case, Case(params=(ParamSpec("w", (4, 4)),), reference=reference.Muon))
 
         @settings(

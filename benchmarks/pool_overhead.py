@@ -17,6 +17,7 @@ import time
 import torch.multiprocessing as tmp
 
 from harness.ranks import RankPool
+from harness.runner import RANK_PRELOAD
 from harness.tasks import selftest as selftest_tasks
 
 
@@ -44,7 +45,7 @@ def spawn_per_case(nproc: int, repeats: int) -> list[float]:
 
 
 def pool_per_case(nproc: int, cases: int) -> tuple[float, list[float]]:
-    with RankPool(nproc) as pool:
+    with RankPool(nproc, preload=RANK_PRELOAD) as pool:
         start = time.perf_counter()
         pool.run(selftest_tasks.sum_of_ranks)
         startup = time.perf_counter() - start

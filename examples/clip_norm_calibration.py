@@ -26,6 +26,7 @@ from harness.algorithms import MUON
 from harness.cases import Case, clip_cases
 from harness.compare import CLIP_NORM
 from harness.ranks import RankPool
+from harness.runner import RANK_PRELOAD
 from harness.runner.dispatch import run_on
 from harness.tasks.clipping import norm_tier
 
@@ -62,7 +63,7 @@ def main() -> None:
     variants: dict[str, Any] = {"torch": None, "UnplantedClipMuon": UnplantedClipMuon}
     variants |= {name: planted for name, (planted, _, _) in CLIP_CONTROLS.items()}
     errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    with RankPool(args.nproc) as pool:
+    with RankPool(args.nproc, preload=RANK_PRELOAD) as pool:
         for case in drawn(args.nproc, args.cases):
             tier = norm_tier(case).name
             for name, candidate in variants.items():

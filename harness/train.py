@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harness.models.transformer import TransformerCase
 from harness.ranks import RankPool
 from harness.runinfo import make_header
+from harness.runner import RANK_PRELOAD
 from harness.tasks.training import train_steps
 from reports.files import write_files
 from reports.records import Training
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     train_bits: list[float] = []
     held_out: list[float] = []
     start = time.monotonic()
-    with RankPool(args.nproc, backend=backend, devices=devices, case_timeout_s=600) as pool:
+    with RankPool(args.nproc, preload=RANK_PRELOAD, backend=backend, devices=devices, case_timeout_s=600) as pool:
         first = pool.run(train_steps, (run_id, case, 0, 0))
         if first.failure is not None:
             console.print(first.failure.describe())

@@ -4,11 +4,12 @@ its shape, its placements and the rank, on real DTensors."""
 from __future__ import annotations
 
 from harness.ranks import RankPool
+from harness.runner import RANK_PRELOAD
 from harness.tasks import selftest as selftest_tasks
 
 
 def test_bad_parameters_are_named_with_shape_placement_and_rank():
-    with RankPool(2) as pool:
+    with RankPool(2, preload=RANK_PRELOAD) as pool:
         outcome = pool.run(selftest_tasks.sharded_muon_errors)
     assert outcome.ok, outcome.failure and outcome.failure.describe()
     for rank, errors in enumerate(outcome.results):

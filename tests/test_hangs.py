@@ -17,6 +17,7 @@ from harness.outcomes import classify
 from harness.ranks import RankContext, RankPool
 from harness.ranks.pool import _Stall
 from harness.ranks.stacks import main_thread_frames
+from harness.runner import RANK_PRELOAD
 
 
 def all_reduce_for(ctx: RankContext, payload: tuple[int, float]) -> int:
@@ -56,7 +57,7 @@ def size_mismatch_deep(ctx: RankContext, depth: int) -> int:
 
 @pytest.fixture(scope="module")
 def pool():
-    with RankPool(2, case_timeout_s=30) as p:
+    with RankPool(2, preload=RANK_PRELOAD, case_timeout_s=30) as p:
         yield p
 
 

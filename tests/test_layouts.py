@@ -15,6 +15,7 @@ from harness.candidates import Impl
 from harness.cases import Case, ParamSpec
 from harness.layouts import EP_EFSDP, FSDP, FSDP_TP, HSDP, HSDP_TP, TP, Layout
 from harness.ranks import RankPool
+from harness.runner import RANK_PRELOAD
 from harness.tasks import selftest as selftest_tasks
 
 
@@ -33,7 +34,7 @@ def _case(world: int, mesh: tuple[int, ...], layout: Layout) -> Case:
 
 
 def test_layout_cases_get_the_placements_parallelize_module_and_fully_shard_give() -> None:
-    with RankPool(4) as pool:
+    with RankPool(4, preload=RANK_PRELOAD) as pool:
         pure = pool.run(selftest_tasks.layout_placements, _case(2, (2,), TP), world_size=2)
         both = pool.run(selftest_tasks.layout_placements, _case(4, (2, 2), FSDP_TP), world_size=4)
     assert pure.ok and both.ok, (pure.failure or both.failure).describe()  # type: ignore[union-attr]
@@ -46,7 +47,7 @@ def test_layout_cases_get_the_placements_parallelize_module_and_fully_shard_give
 
 
 def test_hsdp_over_tp_on_a_3d_mesh_gets_the_placements_fully_shard_gives() -> None:
-    with RankPool(8) as pool:
+    with RankPool(8, preload=RANK_PRELOAD) as pool:
         grid = pool.run(selftest_tasks.layout_placements, _case(8, (2, 2, 2), HSDP_TP), world_size=8)
     assert grid.ok, grid.failure.describe()  # type: ignore[union-attr]
     assert grid.results[5] == {
@@ -76,7 +77,7 @@ def test_owner_split_orthogonalizes_each_matrix_once_on_the_whole_mesh(params, w
         layout=layout,
         reference=reference.Muon,
     )
-    with RankPool(world) as pool:
+    with RankPool(world, preload=RANK_PRELOAD) as pool:
         outcome = pool.run(selftest_tasks.owner_split_work, case, world_size=world)
     assert outcome.ok, outcome.failure.describe()  # type: ignore[union-attr]
     matrices = sum(p.shape[0] if len(p.shape) == 3 else 1 for p in case.params)

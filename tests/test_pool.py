@@ -12,12 +12,13 @@ import pytest
 from support import repo_env
 
 from harness.ranks import RankPool
+from harness.runner import RANK_PRELOAD
 from harness.tasks import selftest as tasks
 
 
 @pytest.fixture(scope="module")
 def pool():
-    with RankPool(2, case_timeout_s=30, pg_timeout_s=10) as p:
+    with RankPool(2, preload=RANK_PRELOAD, case_timeout_s=30, pg_timeout_s=10) as p:
         yield p
 
 
@@ -49,7 +50,7 @@ def test_rank_that_raises_is_reported_and_peers_are_not_left_waiting(pool):
 
 
 def test_a_closed_pool_leaves_nothing_in_the_temp_directory_even_after_a_rank_died_mid_checkpoint():
-    with RankPool(2, case_timeout_s=30, pg_timeout_s=10) as p:
+    with RankPool(2, preload=RANK_PRELOAD, case_timeout_s=30, pg_timeout_s=10) as p:
         logs = Path(p._logdir)
         assert p.run(tasks.sum_of_ranks).ok
         saved = p.run(tasks.checkpoint_then_die, 1)
@@ -151,7 +152,7 @@ def test_a_rank_busy_in_a_collectives_helper_is_not_waiting_in_a_collective() ->
 def test_ranks_busy_on_their_subgroup_are_not_a_hang_while_others_wait_on_another_group(nproc):
     """Half the ranks loop over large all-reduces on their own row for about a second or more
     while the other half wait over the columns: every collective can complete, and does."""
-    with RankPool(nproc, case_timeout_s=120) as grid:
+    with RankPool(nproc, preload=RANK_PRELOAD, case_timeout_s=120) as grid:
         numel, reps = 25_000_000 // nproc, 10
         outcome = grid.run(tasks.subgroup_busy_while_others_wait, (numel, reps))
         assert outcome.ok, outcome.failure and outcome.failure.describe()

@@ -13,6 +13,7 @@ from test_hangs import progress_then_sleep, size_mismatch_deep
 from harness.ranks import RankPool
 from harness.ranks.relay import BACKEND, Relay, arrangement
 from harness.ranks.stacks import Frame, collective
+from harness.runner import RANK_PRELOAD
 from harness.tasks import relay as check
 from harness.tasks import selftest
 
@@ -27,7 +28,11 @@ GPU = pytest.mark.skipif(
 def test_every_collective_through_the_relay_gives_plain_gloos_bits(device: str, nproc: int) -> None:
     """On a GPU the ranks share ``cuda:0``, and gloo's side runs on CPU copies."""
     with RankPool(
-        nproc, backend=BACKEND, devices=[f"{device}:0" if device == "cuda" else device] * nproc, case_timeout_s=120
+        nproc,
+        preload=RANK_PRELOAD,
+        backend=BACKEND,
+        devices=[f"{device}:0" if device == "cuda" else device] * nproc,
+        case_timeout_s=120,
     ) as pool:
         outcome = pool.run(check.against_gloo, None)
     assert outcome.ok, outcome.failure and outcome.failure.describe()
@@ -43,7 +48,7 @@ def test_every_collective_through_the_relay_gives_plain_gloos_bits(device: str, 
 
 @pytest.fixture(scope="module")
 def relay_pool():
-    with RankPool(2, backend=BACKEND, case_timeout_s=60) as pool:
+    with RankPool(2, preload=RANK_PRELOAD, backend=BACKEND, case_timeout_s=60) as pool:
         yield pool
 
 

@@ -25,6 +25,7 @@ from harness.capture import SCHEMA, VERSION, load_capture
 from harness.cases import cases, layout_cases
 from harness.layouts import FSDP, FSDP_TP
 from harness.replay import local_shapes, parse_placement, replay
+from harness.runner import RANK_PRELOAD
 
 LLAMA = REPO / "examples" / "captures" / "llama-fsdp16.json"
 
@@ -284,7 +285,7 @@ def _round_trip(pool: Any, case: Any) -> None:
 def pool() -> Any:
     from harness.ranks import RankPool
 
-    with RankPool(4) as ranks:
+    with RankPool(4, preload=RANK_PRELOAD) as ranks:
         yield ranks
 
 
@@ -292,7 +293,7 @@ def pool() -> Any:
 def pool8() -> Any:
     from harness.ranks import RankPool
 
-    with RankPool(8) as ranks:
+    with RankPool(8, preload=RANK_PRELOAD) as ranks:
         yield ranks
 
 

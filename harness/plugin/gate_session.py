@@ -529,7 +529,8 @@ class GateSession:
         """A test marked ``judges`` did not run an ``--impl`` candidate: it never reports on one."""
         marker = item.get_closest_marker("judges")
         if marker is not None and self.impl is not None:
-            pytest.skip(f"judges {marker.args[0]}, not {self.impl.spec}; it runs without --impl")
+            alone = "--impl" if self.config.getoption("impl") else f"--reference {self.config.getoption('reference')}"
+            pytest.skip(f"judges {marker.args[0]}, not {self.impl.spec}; it runs without {alone}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:
