@@ -135,3 +135,20 @@ def test_a_gate_session_through_the_relay_says_so_and_judges_as_on_gloo(other_pr
     )
     report = (other_project.path / "gate-report" / "equivalence.md").read_text()
     assert "muongate_relay on cpu (2 ranks on the CPU; collectives relayed" in report
+
+
+def test_a_torch_without_what_the_relay_needs_is_named_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It ran on torch 2.11 and 2.13; a torch without gloo (or without the calls it makes) is
+    refused by the session in one line naming what is missing (``harness.plugin.devices``)."""
+    import torch.distributed as dist
+
+    from harness.ranks.relay import missing
+
+    assert missing() is None
+    monkeypatch.setattr(dist, "is_gloo_available", lambda: False)
+    said = missing()
+    assert (
+        said is not None
+        and "\n" not in said
+        and said.endswith("was built without gloo, which the relay runs its collectives on")
+    )

@@ -25,6 +25,7 @@ def resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
     import torch
 
     from harness.ranks.relay import BACKEND as RELAY
+    from harness.ranks.relay import missing
 
     wanted, comm = config.getoption("gate_device"), config.getoption("gate_comm")
     if launched_by_torchrun():
@@ -42,7 +43,10 @@ def resolve_device(config: pytest.Config, nproc: int) -> tuple[str, list[str]]:
     if wanted == "cuda" and gpus == 0:
         raise pytest.UsageError("--gate-device cuda: no GPU is visible; try --gate-device cpu")
     on_gpus = wanted == "cuda" or (wanted == "auto" and gpus >= nproc * workers)
-    if on_gpus and (comm == "relay" or (comm == "auto" and gpus < nproc * workers)):
+    relayed = comm == "relay" or (on_gpus and comm == "auto" and gpus < nproc * workers)
+    if relayed and (lacking := missing()):
+        raise pytest.UsageError(f"the relay (ranks sharing a GPU, --gate-comm relay): {lacking}")
+    if on_gpus and relayed:
         # Ranks share the GPUs, each worker's pool all of them: NCCL cannot, the relay can.
         return RELAY, [f"cuda:{(index * nproc + r) % gpus}" for r in range(nproc)]
     if on_gpus and gpus < nproc * workers:

@@ -195,6 +195,20 @@ def _create(options: Any, _: Any) -> Relay:
     return Relay(options.store, options.group_rank, options.group_size, options.timeout, options.group_id)
 
 
+def missing() -> str | None:
+    """What this torch lacks for the relay, in one line naming it; ``None`` where nothing is
+    (it ran on torch 2.11 and 2.13)."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        return f"torch {torch.__version__} was built without gloo, which the relay runs its collectives on"
+    if not hasattr(dist.Backend, "register_backend"):
+        return f"torch {torch.__version__} has no torch.distributed.Backend.register_backend"
+    try:
+        from torch._C._distributed_c10d import ProcessGroupGloo, _DistributedBackendOptions  # noqa: F401
+    except ImportError as e:
+        return f"torch {torch.__version__} lacks {e.name or str(e)} in torch._C._distributed_c10d"
+    return None
+
+
 def register() -> str:
     """Make ``BACKEND`` known to ``torch.distributed`` in this process (once); its name."""
     if BACKEND not in dist.Backend.backend_list:
