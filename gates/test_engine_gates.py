@@ -88,6 +88,23 @@ def _world() -> int:
     return world
 
 
+def _caught(gate_runner: Any, name: str, spec: str, world: int = 2, **drawn: Any) -> EngineCase:
+    """The minimal case of the planted engine ``spec`` that the engine gate catches, reported as
+    ``name``: its cases drawn by ``engine_cases`` on ``world`` ranks, with ``drawn``, no checkpoint."""
+    declared = LoadedEngine.load(spec).declared
+    return gate_runner.catch(
+        name,
+        engine_cases(spec, declared, world, checkpoint=False, **drawn),
+        lambda case: differed(gate_runner.run(case, task="engine")),
+        EngineCase.describe,
+    )
+
+
+def _blind_on_the_exact_feed(gate_runner: Any, minimal: EngineCase) -> None:
+    blind = gate_runner.run(replace(minimal, witness="exact"), task="engine")
+    assert not differed(blind), "the exact feed's sums are exact in bf16 too: it cannot see the reduction's dtype"
+
+
 @given(data=st.data())
 @settings(max_examples=max(3, settings().max_examples // 20))
 def test_engine_steps_like_its_one_device_side_bitwise(
@@ -235,14 +252,7 @@ def test_engine_reshard_gate_catches_a_conversion_that_drops_the_optimizer_state
 def test_engine_gate_catches_planted_engine_bug(gate_runner: Any, control: str) -> None:
     if gate_config().nproc < 2:
         pytest.skip("the controls need two ranks")
-    spec = f"{flat_engine.__name__}:{control}"
-    declared = LoadedEngine.load(spec).declared
-    minimal = gate_runner.catch(
-        f"negative:engine:{control}",
-        engine_cases(spec, declared, 2, checkpoint=False),
-        lambda case: differed(gate_runner.run(case, task="engine")),
-        EngineCase.describe,
-    )
+    minimal = _caught(gate_runner, f"negative:engine:{control}", f"{flat_engine.__name__}:{control}")
     assert sum(len(s) for s in minimal.shapes) <= 4 and minimal.steps <= 2, minimal.describe()
 
 
@@ -255,16 +265,9 @@ def test_precision_witness_catches_a_bf16_reduction_that_the_exact_feed_cannot_s
     if gate_config().nproc < 2:
         pytest.skip("the control needs two ranks")
     spec = f"{flat_engine.__name__}:bf16_reduced_engine"
-    declared = LoadedEngine.load(spec).declared
-    minimal = gate_runner.catch(
-        "negative:engine:bf16_reduced_engine",
-        engine_cases(spec, declared, 2, checkpoint=False, dtype="float32", witness="precision"),
-        lambda case: differed(gate_runner.run(case, task="engine")),
-        EngineCase.describe,
-    )
+    minimal = _caught(gate_runner, "negative:engine:bf16_reduced_engine", spec, dtype="float32", witness="precision")
     assert sum(len(s) for s in minimal.shapes) <= 4 and minimal.steps <= 2, minimal.describe()
-    blind = gate_runner.run(replace(minimal, witness="exact"), task="engine")
-    assert not differed(blind), "the exact feed's sums are exact in bf16 too: it cannot see the reduction's dtype"
+    _blind_on_the_exact_feed(gate_runner, minimal)
 
 
 DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"
@@ -283,14 +286,10 @@ def test_engine_gate_catches_a_planted_deepspeed_bug_against_the_reference(
         pytest.skip(f"plants its bugs in DeepSpeed: runs under --engine {DEEPSPEED}")
     if gate_config().nproc < 2:
         pytest.skip("the controls need two ranks")
-    spec = f"examples.deepspeed_planted_bugs:{control}"
-    declared = LoadedEngine.load(spec).declared
-    minimal = gate_runner.catch(
-        f"negative:engine:deepspeed {control} stage {stage}",
-        engine_cases(spec, declared, 2, checkpoint=False, stage=stage, optimizer="muon", dtype="float32"),
-        lambda case: differed(gate_runner.run(case, task="engine")),
-        EngineCase.describe,
-    )
+    minimal = _caught(
+        gate_runner, f"negative:engine:deepspeed {control} stage {stage}", f"examples.deepspeed_planted_bugs:{control}",
+        stage=stage, optimizer="muon", dtype="float32",
+    )  # fmt: skip
     assert minimal.against == "reference", minimal.describe()
 
 
@@ -309,15 +308,10 @@ def test_engine_gate_catches_a_planted_megatron_bug_against_the_reference(
     its own step (``examples/megatron_planted_bugs.py``) fails against ``reference.AdamW`` at both stages."""
     if _engine().spec != MEGATRON:
         pytest.skip(f"plants its bugs in Megatron-core: runs under --engine {MEGATRON}")
-    spec = f"examples.megatron_planted_bugs:{control}"
-    declared = LoadedEngine.load(spec).declared
-    world = gate_config().nproc
-    minimal = gate_runner.catch(
-        f"negative:engine:megatron {control} stage {stage}",
-        engine_cases(spec, declared, world, checkpoint=False, stage=stage, optimizer="adamw", dtype="float32"),
-        lambda case: differed(gate_runner.run(case, task="engine")),
-        EngineCase.describe,
-    )
+    minimal = _caught(
+        gate_runner, f"negative:engine:megatron {control} stage {stage}", f"examples.megatron_planted_bugs:{control}",
+        gate_config().nproc, stage=stage, optimizer="adamw", dtype="float32",
+    )  # fmt: skip
     assert minimal.against == "reference", minimal.describe()
 
 
@@ -334,13 +328,8 @@ def test_precision_witness_catches_a_planted_deepspeed_bf16_communication(gate_r
         pytest.skip(f"plants its bug in DeepSpeed: runs under --engine {DEEPSPEED}")
     if gate_config().nproc < 2:
         pytest.skip("the control needs two ranks")
-    spec = "examples.deepspeed_planted_bugs:bf16_communication"
-    declared = LoadedEngine.load(spec).declared
-    minimal = gate_runner.catch(
-        f"negative:engine:deepspeed bf16_communication stage {stage}",
-        engine_cases(spec, declared, 2, checkpoint=False, stage=stage, dtype="float32", witness="precision"),
-        lambda case: differed(gate_runner.run(case, task="engine")),
-        EngineCase.describe,
-    )
-    blind = gate_runner.run(replace(minimal, witness="exact"), task="engine")
-    assert not differed(blind), "the exact feed's sums are exact in bf16 too: it cannot see the reduction's dtype"
+    minimal = _caught(
+        gate_runner, f"negative:engine:deepspeed bf16_communication stage {stage}",
+        "examples.deepspeed_planted_bugs:bf16_communication", stage=stage, dtype="float32", witness="precision",
+    )  # fmt: skip
+    _blind_on_the_exact_feed(gate_runner, minimal)

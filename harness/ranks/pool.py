@@ -20,8 +20,8 @@ a case takes hundreds of them. The server holds no thread of torch's, gloo's or 
 it forks: the warm-up step runs on torch's ``fake`` backend, one thread
 (``harness.tasks.warmup``; a child inherits other threads' locks and state but not the
 threads, and an earlier server that warmed up on a gloo group forked beside gloo's three
-threads). CUDA workers are
-spawned: a process forked from one that has touched the CUDA driver cannot use CUDA.
+threads). CUDA workers are spawned: a process forked from one that has touched the CUDA driver
+cannot use CUDA.
 
 Nothing hangs forever, and a hang is called in seconds, never for a rank that progresses.
 While a case runs past ``sample_after_s``, the parent reads the pending ranks' Python stacks
