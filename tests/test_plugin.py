@@ -195,6 +195,23 @@ def test_a_reference_alone_judges_the_candidate_muongate_ships_for_its_family(ot
     result.stdout.fnmatch_lines(["*candidate distributed_impl:ShardedNorMuon*", "*1 passed*"])
 
 
+def test_a_named_candidate_whose_every_selected_gate_skipped_is_not_judged_and_fails(
+    other_project: pytest.Pytester,
+) -> None:
+    """Every selected gate skipped before its first case (controls under --impl): no runner started
+    and no stream was written; the session said nothing and exited 0 before. Now it says so, and fails."""
+    args = ["-p", "harness.plugin", "--pyargs", "gates.test_clip_gates", "-k", "negative", "--nproc", "2"]
+    result = run_pytest(other_project, *args, "--impl", "distributed_impl:ShardedMuon", timeout=120)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, "\n".join(result.outlines[-10:])
+    result.stdout.fnmatch_lines(
+        ["*NOT JUDGED: nothing of the candidate was judged: all * selected gate test(s) skipped*"]
+    )
+    allowed = run_pytest(
+        other_project, *args, "--impl", "distributed_impl:ShardedMuon", "--allow-unjudged", timeout=120
+    )
+    assert allowed.ret == 0, "\n".join(allowed.outlines[-10:])
+
+
 def test_cuda_without_a_gpu_is_a_usage_error(suite: pytest.Pytester) -> None:
     import torch
 

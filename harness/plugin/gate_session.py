@@ -112,7 +112,7 @@ class GateSession:
         #: an earlier run's report files this session removed (``None``: not cleared yet)
         self.cleared: list[str] | None = None
         #: the exit status and the report, a plug-in of its own, registered with this
-        self.verdict = Verdict(config, self._streams, lambda: self.cleared or [])
+        self.verdict = Verdict(config, self._streams, lambda: self.cleared or [], lambda: self.skips)
         if is_xdist_controller(config):
             # Workers stream to results-gwN.jsonl and the controller merges every such file in
             # the directory at the end, so an earlier run's must go first, with its report.

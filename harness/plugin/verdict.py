@@ -23,11 +23,17 @@ class Verdict:
     """The exit status and the report of one session of gates (module docstring)."""
 
     def __init__(
-        self, config: pytest.Config, streams: Callable[[], list[Path]], cleared: Callable[[], list[str]]
+        self,
+        config: pytest.Config,
+        streams: Callable[[], list[Path]],
+        cleared: Callable[[], list[str]],
+        skipped: Callable[[], list[tuple[str, str]]],
     ) -> None:
         self.config = config
         #: this session's result streams (its own, or an xdist controller's workers')
         self.streams = streams
+        #: the gate tests skipped before any case ran, with why (no stream holds them then)
+        self.skipped = skipped
         #: an earlier run's report files the session removed
         self.cleared = cleared
         #: ``--gate-baseline``'s figures, read at once so that a bad file is a usage error
@@ -38,20 +44,30 @@ class Verdict:
         self.summary: Any = None
         self.baseline_diff: Any = None
 
+    @pytest.hookimpl(tryfirst=True)  # as the session's was: the status is decided before others read it
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """A session that named a candidate (``--impl``, ``--engine``) and judged nothing of it fails,
         naming why, unless ``--allow-unjudged``; so does one that left unjudged a part the user named
         (a captured parameter or mesh: the ledger's ``Unjudged`` records); with ``--gate-baseline``, a
         regression against the stored figures fails it too."""
         config = self.config
+        named = config.getoption("impl") or config.getoption("engine")
         streams = self.streams()
         if not streams:
+            # Every gate selected skipped before its first case: no runner started, nothing was judged.
+            skipped = self.skipped()
+            if named and skipped:
+                self.unjudged = (
+                    f"nothing of the candidate was judged: all {len(skipped)} selected gate test(s) skipped "
+                    f"before any case ran, e.g. {skipped[0][1]}; no report was written"
+                )
+                if not config.getoption("allow_unjudged") and session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
             return
         from reports.stream import read_streams
         from reports.summary import summarize, unjudged_reason
 
         summary = self.summary = summarize(read_streams(streams))
-        named = config.getoption("impl") or config.getoption("engine")
         why = unjudged_reason(summary) if named else ""
         asked = summary.unjudged_asked
         if asked and not why:  # parts the user named by --layout-from, each listed in the report
@@ -71,6 +87,7 @@ class Verdict:
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         streams = self.streams()
         if not streams:
+            self._say_unjudged(terminalreporter, config)
             return
         from rich.console import Console
 
@@ -98,15 +115,7 @@ class Verdict:
         terminalreporter.write_line(
             f"muongate report: {directory}/equivalence.html, equivalence.md, figures.json, {names}{removed}"
         )
-        if self.unjudged:
-            allowed = config.getoption("allow_unjudged")
-            terminalreporter.write_line(
-                f"muongate: NOT JUDGED: {self.unjudged}"
-                + (" (--allow-unjudged)" if allowed else "; --allow-unjudged accepts that"),
-                yellow=allowed,
-                red=not allowed,
-                bold=True,
-            )
+        self._say_unjudged(terminalreporter, config)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as f:
@@ -115,6 +124,19 @@ class Verdict:
             console.print(render_diff(self.baseline_diff))
             for line in self.baseline_diff.messages():
                 terminalreporter.write_line(f"REGRESSION against {config.getoption('gate_baseline')}: {line}", red=True)
+
+    def _say_unjudged(self, terminalreporter: Any, config: pytest.Config) -> None:
+        """The NOT JUDGED line, where the session named a candidate and left it unjudged."""
+        if not self.unjudged:
+            return
+        allowed = config.getoption("allow_unjudged")
+        terminalreporter.write_line(
+            f"muongate: NOT JUDGED: {self.unjudged}"
+            + (" (--allow-unjudged)" if allowed else "; --allow-unjudged accepts that"),
+            yellow=allowed,
+            red=not allowed,
+            bold=True,
+        )
 
 
 def read_baseline(config: pytest.Config) -> Any:
