@@ -40,6 +40,8 @@ def test_smaller_world_runs_on_the_first_ranks_only(pool):
 
 
 def test_rank_that_raises_is_reported_and_peers_are_not_left_waiting(pool):
+    pool.run(tasks.sum_of_ranks)
+    spawns = pool.spawns
     start = time.monotonic()
     outcome = pool.run(tasks.raise_on_rank, 1)
     assert outcome.failure is not None and outcome.failure.kind == "error" and outcome.failure.rank == 1
@@ -47,6 +49,19 @@ def test_rank_that_raises_is_reported_and_peers_are_not_left_waiting(pool):
     assert "all_reduce" in outcome.failure.stacks[0], "rank 0's stack shows where it waited"
     assert time.monotonic() - start < 10
     assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
+    assert pool.spawns == spawns + 1, "a rank left waiting in a collective gets a fresh process"
+
+
+def test_ranks_that_all_raised_keep_their_processes_and_get_fresh_groups(pool):
+    """Rank 0 left an all-reduce of four 7s unmatched: on the old groups, the next case's
+    all-reduce on rank 1 would meet it (a size mismatch, or a wrong sum)."""
+    before = pool.run(tasks.pid).results
+    spawns, regroups = pool.spawns, pool.regroups
+    outcome = pool.run(tasks.raise_past_an_unmatched_collective)
+    assert outcome.failure is not None and outcome.failure.kind == "error", outcome.failure
+    assert (pool.spawns, pool.regroups) == (spawns, regroups + 1)
+    assert pool.run(tasks.sum_of_ranks).results == [1.0, 1.0]
+    assert pool.run(tasks.pid).results == before
 
 
 def test_a_closed_pool_leaves_nothing_in_the_temp_directory_even_after_a_rank_died_mid_checkpoint():

@@ -66,6 +66,15 @@ def test_a_relay_that_never_writes_the_results_back_is_caught_by_the_check(relay
     assert caught, "the check passed a relay whose outputs are never written"
 
 
+def test_relayed_ranks_that_all_raised_get_fresh_groups_and_the_next_case_its_own_bits(relay_pool: RankPool) -> None:
+    """(The relay completes each collective before it returns: an unmatched one is a hang there.)"""
+    regroups = relay_pool.regroups
+    outcome = relay_pool.run(selftest.raise_on_every_rank)
+    assert outcome.failure is not None and outcome.failure.kind == "error", outcome.failure
+    assert relay_pool.regroups == regroups + 1
+    assert relay_pool.run(selftest.sum_of_ranks).results == [1.0, 1.0]
+
+
 def test_a_rank_that_waits_forever_in_a_relayed_collective_is_a_hang_named_by_its_collective(
     relay_pool: RankPool,
 ) -> None:

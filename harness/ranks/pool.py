@@ -5,8 +5,14 @@ spawns ``nproc`` workers once; they form one process group of ``nproc`` ranks an
 a subgroup of ranks ``0 .. w-1`` for every smaller world size ``w``. A case of world size
 ``w`` runs on that subgroup, so cases never create or destroy process groups (NCCL cannot
 destroy a communicator while a peer sits out, and creating one costs far more than a
-case). Any failure (a rank raised, hung or died) tears the whole pool down; the next case
-gets fresh processes and fresh process groups, so one bad case cannot leak into the next.
+case). A case that fails leaves nothing of its collectives to the next: where every rank
+returned (one or more raised), the ranks stay and make every process group afresh (``regroup``:
+each rank destroys its groups, joins new ones under a new store prefix and warms them up), so
+no half-matched collective, buffered message or mismatched sequence number of the failed case
+can meet the next one's; a rank that hung or died, or a regroup that does not finish within
+``REGROUP_S``, tears the whole pool down, and the next case gets fresh processes. A spawned
+(CUDA) rank costs seconds to start, a regroup a fraction of one, and shrinking a candidate that
+raises takes hundreds of failing cases.
 
 Rendezvous never uses a fixed port: the parent owns a ``TCPStore`` bound to port 0, and
 each spawn of the pool uses its own store prefix. Several pools (pytest-xdist workers)
@@ -98,6 +104,13 @@ class _Job:
 
 
 @dataclass(frozen=True)
+class _Regroup:
+    """Tells every rank to destroy its process groups and make them afresh under ``prefix``."""
+
+    prefix: str
+
+
+@dataclass(frozen=True)
 class _WorkerSpec:
     rank: int
     nproc: int
@@ -139,6 +152,11 @@ QUIET_S = 10.0
 #: the 2-core machine with three xdist workers' ranks beside it, showed less than 0.1 s of CPU in
 #: a 0.5 s window and was called hung (2026-12-06); over 2 s it needs 5 % of a core to show
 MIN_QUIET_S = 2.0
+
+#: How long the ranks may take to make their process groups afresh after a failed case
+#: (``RankPool._regroup``) before the pool is torn down instead: a rank whose old group still
+#: waits on a peer's half of an asynchronous collective cannot destroy it, and gets a fresh process.
+REGROUP_S = 15.0
 
 #: How long, after a rank raised under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the pool waits for
 #: peers that still progress to raise their own error, before it stops the case with their stacks.
@@ -211,20 +229,23 @@ def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> Non
     if spec.backend == RELAY:
         register_relay()
     store = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=timedelta(seconds=60))
-    dist.init_process_group(
-        spec.backend,
-        store=dist.PrefixStore(spec.prefix, store),
-        rank=spec.rank,
-        world_size=spec.nproc,
-        timeout=timedelta(seconds=spec.pg_timeout_s),
-    )
-    groups = make_groups(spec.nproc, spec.grids)
-    _warm_up(spec, groups)
+    groups = _join(spec, store, spec.prefix)
     conn.send(("ready", (os.getpid(), reader)))
     while True:
-        job: _Job | None = conn.recv()
+        job: _Job | _Regroup | None = conn.recv()
         if job is None:
             break
+        if isinstance(job, _Regroup):
+            try:
+                if spec.device.startswith("cuda"):
+                    torch.cuda.synchronize()  # a sticky CUDA error ends this process here
+                dist.destroy_process_group()
+                groups = _join(spec, store, job.prefix)
+                conn.send(("ready", None))
+                continue
+            except BaseException:
+                conn.send(("error", traceback.format_exc()))
+                break
         try:
             if job.threads is not None and job.threads != torch.get_num_threads():
                 torch.set_num_threads(job.threads)
@@ -235,6 +256,22 @@ def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> Non
     log.flush()
     # Skip interpreter teardown: destroying an NCCL communicator can wait for peers.
     os._exit(0)
+
+
+def _join(spec: _WorkerSpec, store: Any, prefix: str) -> Groups:
+    """Joins the pool's default group under ``prefix`` and makes and warms up every group a case can need."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        spec.backend,
+        store=dist.PrefixStore(prefix, store),
+        rank=spec.rank,
+        world_size=spec.nproc,
+        timeout=timedelta(seconds=spec.pg_timeout_s),
+    )
+    groups = make_groups(spec.nproc, spec.grids)
+    _warm_up(spec, groups)
+    return groups
 
 
 def _warm_up(spec: _WorkerSpec, groups: Groups) -> None:
@@ -291,6 +328,8 @@ class RankPool:
         self.sample_after_s = sample_after_s
         self.stall_s = stall_s if stall_s is not None else 1.0 * crowded
         self.spawns = 0
+        #: how many times the ranks made their process groups afresh after a failed case
+        self.regroups = 0
         #: each CPU rank's thread count, shared with every pool on the host
         self.budget = ThreadBudget(nproc, threads=threads)
         self._ctx: Any
@@ -446,14 +485,32 @@ class RankPool:
         for rank in range(world):
             self._conns[rank].send(job)
         timeout = timeout_s or self.case_timeout_s
-        results, failure = self._collect(world, start, timeout, offsets)
-        if failure is not None:
+        results, failure, settled = self._collect(world, start, timeout, offsets)
+        if failure is not None and not (settled and self._regroup()):
             self.shutdown(kill=True)
         return CaseOutcome(results + [None] * (self.nproc - world), failure, time.monotonic() - start)
 
+    def _regroup(self) -> bool:
+        """Every rank destroys its process groups and makes them afresh (``_Regroup``); whether
+        each did within ``REGROUP_S``. Only after a case every rank of which returned."""
+        self.regroups += 1
+        job = _Regroup(f"spawn{self.spawns}-regroup{self.regroups}")
+        try:
+            for conn in self._conns:
+                conn.send(job)
+            deadline = time.monotonic() + REGROUP_S
+            for rank, conn in enumerate(self._conns):
+                ready = wait([conn, self._procs[rank].sentinel], timeout=max(0.0, deadline - time.monotonic()))
+                if conn not in ready or conn.recv()[0] != "ready":
+                    return False
+        except (EOFError, OSError):
+            return False
+        return True
+
     def _collect(
         self, world: int, start: float, timeout: float, offsets: list[int]
-    ) -> tuple[list[Any], RankFailure | None]:
+    ) -> tuple[list[Any], RankFailure | None, bool]:
+        """Each rank's result, the case's failure, and whether every rank returned (none hung or died)."""
         results: list[Any] = [None] * world
         pending = set(range(world))
         failure: RankFailure | None = None
@@ -504,14 +561,14 @@ class RankPool:
                     if waiting and now < min(failed_at + _PEER_ERROR_S, deadline):
                         next_sample = now + self.sample_after_s
                         continue
-                    return results, replace(failure, stacks={**failure.stacks, **dumps})
+                    return results, replace(failure, stacks={**failure.stacks, **dumps}), False
                 stuck = stall.observe(dumps, moved=moved)
                 if stuck is not None:
-                    return results, self._stalled(pending, world, stuck, dumps)
+                    return results, self._stalled(pending, world, stuck, dumps), False
                 if now >= deadline and now - progressed >= quiet_s:
-                    return results, self._hang(pending, dumps, quiet_s=now - progressed)
+                    return results, self._hang(pending, dumps, quiet_s=now - progressed), False
                 if now >= cap:
-                    return results, self._hang(pending, dumps)
+                    return results, self._hang(pending, dumps), False
                 # Every rank in a collective: look again soon; otherwise less and less often.
                 gap = self.sample_after_s if stall.suspect else min(2 * gap, _MAX_SAMPLE_GAP_S)
                 next_sample = now + gap
@@ -540,8 +597,8 @@ class RankPool:
                     pending.discard(rank)
                     stacks = self._stacks(pending)
                     tail = self._log_tail(rank, offsets[rank]) or "no output"
-                    return results, RankFailure("died", rank, tail, self._procs[rank].exitcode, stacks)
-        return results, failure
+                    return results, RankFailure("died", rank, tail, self._procs[rank].exitcode, stacks), False
+        return results, failure, True
 
     def _stalled(self, pending: set[int], world: int, where: dict[int, str], dumps: dict[int, str]) -> RankFailure:
         waiting = "; ".join(f"rank {r} waits in {where[r]}" for r in sorted(where))

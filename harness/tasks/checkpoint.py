@@ -36,9 +36,10 @@ def checkpoint_dir(ctx: RankContext) -> str:
     return chosen[0]
 
 
-def remove_checkpoint(ctx: RankContext, path: str) -> None:
-    """Removes ``checkpoint_dir``'s directory once every rank of the case is done with it."""
-    dist.barrier(group=ctx.group)
+def remove_checkpoint(ctx: RankContext, path: str, group: Any = None) -> None:
+    """Removes ``checkpoint_dir``'s directory once every rank that reads it (``group``'s; by default
+    the case's) is done with it. Ranks outside ``group`` do not call it."""
+    dist.barrier(group=ctx.group if group is None else group)
     if ctx.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -65,5 +65,8 @@ def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
             running = on(rc.after, zeros_of(case, device))
             if running is not None:
                 dcp_load(*running, path, group(rc.after))
-    remove_checkpoint(ctx, path)
+    if running is not None:
+        # Only the ranks that loaded it wait to remove it: a rank the new layout left out does
+        # not wait on one that raised while loading, and the case ends with every rank returned.
+        remove_checkpoint(ctx, path, group(rc.after))
     return TaskResult(tuple(records))

@@ -164,6 +164,16 @@ def raise_on_every_rank(ctx: RankContext, payload: Any) -> int:
     raise ValueError(f"planted failure on rank {ctx.rank}")
 
 
+def raise_past_an_unmatched_collective(ctx: RankContext, payload: Any) -> int:
+    """Rank 0 starts an asynchronous all-reduce no peer ever joins; every rank then raises."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 0:
+        dist.all_reduce(torch.full((4,), 7.0), group=ctx.group, async_op=True)
+    raise ValueError(f"planted failure on rank {ctx.rank}, past an unmatched all-reduce")
+
+
 def subgroup_busy_while_others_wait(ctx: RankContext, payload: tuple[int, int]) -> int:
     """On the ``(2, w // 2)`` grid: the second row all-reduces ``numel`` floats ``reps`` times
     over its own row's group while the first row already waits in an all-reduce over the
