@@ -24,13 +24,14 @@ from hypothesis import strategies as st
 from harness.algorithms import MUON
 from harness.candidates import Kernel
 from harness.cases import Case, KernelCase, cases, matrix_shapes
-from harness.session import drawn
+from harness.session import drawn, gate_config
 from harness.tasks.kernel import BAND_MARGIN, EDGE_INPUTS
 
 pytestmark = [pytest.mark.gate, pytest.mark.judges("a Newton–Schulz kernel (--kernel)", "kernel")]
 
 EXAMPLE = "gates.examples.polar_express_kernel:polar_express"
 BROKEN = "gates.examples.broken_kernel:row_norm_ns"
+LOW_PRECISION = "gates.examples.low_precision_kernels"
 SPECTRUM_SHAPES = [(64, 64), (32, 96), (96, 32), (7, 33)]
 
 shapes = matrix_shapes(max_side=48)
@@ -133,6 +134,23 @@ def test_kernel_behaves_like_the_reference_on_edge_inputs(
         tier="edge",
         comparisons=ran.comparisons if judged_within_tier else (),
         seconds=ran.outcome.seconds,
+    )
+
+
+@pytest.mark.parametrize("planted", ["bf16_products", "tf32_products"])
+def test_kernel_gates_catch_a_kernel_that_computes_below_the_float32_it_declares(
+    gate_runner: Any, planted: str
+) -> None:
+    """``gates/examples/low_precision_kernels.py``: matmuls in bf16 (any device), in TF32 (CUDA's)."""
+    if planted == "tf32_products" and gate_config().device != "cuda":
+        pytest.skip("TF32 is CUDA's: this planted kernel shows with --gate-device cuda")
+    low = Kernel.load(f"{LOW_PRECISION}:{planted}")
+    gate_runner.catch(
+        f"negative:kernel {planted}",
+        shapes,
+        lambda shape: _off_reference(gate_runner, KernelCase(low, shape, "float32"))[0],
+        lambda shape: KernelCase(low, shape, "float32").describe(),
+        max_examples=200,
     )
 
 

@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from gates.negative_controls import NEGATIVE_CONTROLS, NORMUON_CONTROLS, PlantedMuon, PlantedNorMuon, ShardSumNormMuon
+from gates.negative_controls import (
+    NEGATIVE_CONTROLS,
+    NORMUON_CONTROLS,
+    PlantedMuon,
+    PlantedNorMuon,
+    ShardSumNormMuon,
+    TF32Muon,
+)
 from harness.algorithms import MUON, Algorithm
 from harness.cases import Case, cases, layout_cases, norm_tie_cases
 from harness.runner.ran import differed
@@ -72,6 +79,22 @@ def test_norm_ties_catch_the_shard_sum_norm_with_bf16_newton_schulz_only(gate_ru
         lambda case: _planted(case, ShardSumNormMuon).describe(),
     )
     assert dict(minimal.settings)["ns_dtype"] == "bfloat16"
+
+
+def test_gates_catch_tf32_left_on_where_float32_is_declared(gate_runner: Any) -> None:
+    """A GPU-only bug: CUDA's float32 matmuls in TF32 (``TF32Muon``). Caught only where the
+    reference is held to float32 matmuls while the candidate's switch stays on."""
+    if gate_config().nproc < 2:
+        pytest.skip("the controls run on two ranks")
+    if gate_config().device != "cuda":
+        pytest.skip("TF32 is CUDA's: this planted bug shows with --gate-device cuda")
+    minimal = gate_runner.catch(
+        "negative:TF32Muon (cuda)",
+        CONTROL_CASES,
+        lambda case: differed(gate_runner.run(_planted(case, TF32Muon))),
+        lambda case: _planted(case, TF32Muon).describe(),
+    )
+    assert dict(minimal.settings).get("ns_dtype") == "float32", minimal.describe()
 
 
 #: NorMuon's cases: its settings and conventions, judged against ``reference.NorMuon``

@@ -77,6 +77,8 @@ class GateConfig:
     engine: Any = None
     #: the capture ``--layout-from`` replays (``harness.replay.Replay``; ``None``: none)
     replay: Any = None
+    #: what the ranks compute on: ``"cpu"`` or ``"cuda"`` (``--gate-device``), once resolved
+    device: str = "cpu"
 
 
 # muongate's own gates: the package beside ``harness``, in a checkout and in site-packages alike.
@@ -133,7 +135,12 @@ class GateSession:
 
             thresholds = tuple(declaration_of(self.impl.factory).thresholds)
         return GateConfig(
-            nproc=self.nproc, algorithm=self.algorithm, thresholds=thresholds, engine=self.engine, replay=self.replay
+            nproc=self.nproc,
+            algorithm=self.algorithm,
+            thresholds=thresholds,
+            engine=self.engine,
+            replay=self.replay,
+            device=self.devices[0].split(":")[0] if self.devices else "cpu",
         )
 
     # -- resolving the session, once ---------------------------------------------------------------

@@ -86,6 +86,7 @@ from harness.ranks.forkserver import fork_server
 from harness.ranks.relay import BACKEND as RELAY
 from harness.ranks.relay import register as register_relay
 from harness.ranks.stacks import Frame, collective, crash_said, main_thread_frames, own_frames
+from harness.ranks.switches import DEFAULTS
 from harness.ranks.watch import Progress, Quiet, StackReader, serve_stacks
 
 #: What the forkserver imports once for any pool; a pool's user names more (``RankPool(preload=…)``:
@@ -249,6 +250,7 @@ def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> Non
         try:
             if job.threads is not None and job.threads != torch.get_num_threads():
                 torch.set_num_threads(job.threads)
+            DEFAULTS.use()  # whatever the case before set (``harness.ranks.switches``)
             ctx = groups.context(spec.rank, job.world_size, spec.device, spec.backend, job.case_id)
             conn.send(("ok", job.fn(ctx, job.payload)))
         except BaseException:  # every failure goes back to the parent

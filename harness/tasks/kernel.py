@@ -13,6 +13,7 @@ from harness.cases.case import KernelCase, KernelInput
 from harness.cases.tensors import generator, spectrum_matrix
 from harness.compare import Tier, compare
 from harness.ranks import RankContext
+from harness.ranks.switches import held
 from harness.tasks.result import TaskResult
 
 #: A kernel against the reference Newton–Schulz with the same coefficients, by dtype. Measured
@@ -76,7 +77,8 @@ def run_kernel_case(ctx: RankContext, case: KernelCase) -> TaskResult:
     dtype = getattr(torch, case.dtype)
     g = make_input(case).to(device=device, dtype=dtype)
     got = orthogonalizer(case.kernel.spec)(g, case.steps, dtype=dtype)
-    want = reference.orthogonalize(g, case.steps, dtype=dtype, **dict(case.kernel.conventions))
+    with held():  # whatever switch the kernel left on
+        want = reference.orthogonalize(g, case.steps, dtype=dtype, **dict(case.kernel.conventions))
     if got.shape != want.shape:
         raise ValueError(
             f"{case.kernel.spec} returned shape {tuple(got.shape)} for a {tuple(g.shape)} input; "

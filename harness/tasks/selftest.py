@@ -174,6 +174,15 @@ def raise_past_an_unmatched_collective(ctx: RankContext, payload: Any) -> int:
     raise ValueError(f"planted failure on rank {ctx.rank}, past an unmatched all-reduce")
 
 
+def switches_then_set(ctx: RankContext, switches: Any) -> Any:
+    """The process's arithmetic switches as the case found them; then sets ``switches`` and leaves them."""
+    from harness.ranks.switches import Switches
+
+    found = Switches.now()
+    switches.use()
+    return found
+
+
 def subgroup_busy_while_others_wait(ctx: RankContext, payload: tuple[int, int]) -> int:
     """On the ``(2, w // 2)`` grid: the second row all-reduces ``numel`` floats ``reps`` times
     over its own row's group while the first row already waits in an all-reduce over the

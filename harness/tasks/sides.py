@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +17,7 @@ from harness.candidates.declaration import declaration_of
 from harness.candidates.kernel import orthogonalizer
 from harness.cases.case import Case
 from harness.ranks import RankContext
+from harness.ranks.switches import hold
 from harness.tasks.common import (
     candidate_keywords,
     compare_params_and_state,
@@ -51,9 +52,7 @@ def reference_side(case: Case, tensors: list[Tensor]) -> torch.optim.Optimizer |
         return None
     plain: list[Tensor] = [nn.Parameter(t.clone()) for t in tensors]
     kernel = {"orthogonalize_fn": kernel_of(case)} if case.kernel else {}
-    return cast(
-        torch.optim.Optimizer, reference_of(case).factory(groups_of(case, plain), **kernel, **case.settings_dict())
-    )
+    return hold(reference_of(case).factory(groups_of(case, plain), **kernel, **case.settings_dict()))
 
 
 def only_reference(case: Case, tensors: list[Tensor]) -> torch.optim.Optimizer:

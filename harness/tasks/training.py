@@ -33,6 +33,7 @@ from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
 from harness.layouts import FSDP, FSDP_TP, Layout
 from harness.ranks import RankContext
+from harness.ranks.switches import hold
 from harness.tasks.common import (
     candidate_keywords,
     compare_params_and_state,
@@ -136,7 +137,7 @@ def spec_groups(spec: TrainingSpec, model: nn.Module) -> list[dict[str, Any]]:
 def reference_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Optimizer:
     """The spec's reference on ``model``'s parameters, with its settings."""
     factory = reference_of(spec).factory
-    return factory(spec_groups(spec, model), **optimizer_settings(spec.settings))  # type: ignore[no-any-return]
+    return hold(factory(spec_groups(spec, model), **optimizer_settings(spec.settings)))
 
 
 def candidate_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Optimizer:
