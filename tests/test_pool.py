@@ -243,9 +243,15 @@ def test_the_forkserver_is_forked_from_a_process_with_one_thread_and_started_afr
 ) -> None:
     """A gate session's forkserver is a fork of it (``harness.ranks.forkserver``), so that its
     ranks need not import torch and the tasks again; a process with a thread of its own gets
-    a server started the usual way. Either serves ranks that die and are replaced."""
+    a server started the usual way, and so does a CUDA build of torch (whose forked ranks
+    cannot use CUDA). Either serves ranks that die and are replaced."""
     import subprocess
     import sys
+
+    import torch
+
+    if torch.backends.cuda.is_built():
+        server = "started afresh"
 
     run = subprocess.run(
         [sys.executable, "-c", _SERVER_OF_A_FRESH_PROCESS, threads],
