@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.gate, pytest.mark.judges("a Newton–Schulz kernel (--
 
 EXAMPLE = "gates.examples.polar_express_kernel:polar_express"
 BROKEN = "gates.examples.broken_kernel:row_norm_ns"
-LOW_PRECISION = "gates.examples.low_precision_kernels"
+LOW_PRECISION = "gates.examples.low_precision_kernel"
 SPECTRUM_SHAPES = [(64, 64), (32, 96), (96, 32), (7, 33)]
 
 shapes = matrix_shapes(max_side=48)
@@ -141,7 +141,7 @@ def test_kernel_behaves_like_the_reference_on_edge_inputs(
 def test_kernel_gates_catch_a_kernel_that_computes_below_the_float32_it_declares(
     gate_runner: Any, planted: str
 ) -> None:
-    """``gates/examples/low_precision_kernels.py``: matmuls in bf16 (any device), in TF32 (CUDA's)."""
+    """``gates/examples/low_precision_kernel.py``: matmuls in bf16 (any device), in TF32 (CUDA's)."""
     if planted == "tf32_products" and gate_config().device != "cuda":
         pytest.skip("TF32 is CUDA's: this planted kernel shows with --gate-device cuda")
     low = Kernel.load(f"{LOW_PRECISION}:{planted}")
