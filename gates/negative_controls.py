@@ -449,7 +449,6 @@ LAYOUT_CONTROLS: dict[str, tuple[type[PlantedMuon], int]] = {
 }
 
 
-# -- NorMuon: its statistics and norms are the whole matrix's (``reference.normuon``) ----------
 class TF32Muon(PlantedMuon):
     """Turns TF32 on for its float32 matmuls and leaves it on, where float32 is declared: a GPU-only
     bug (a CPU has no TF32). The reference steps with float32 matmuls whatever the process's
@@ -460,6 +459,7 @@ class TF32Muon(PlantedMuon):
         return super().step(closure)
 
 
+# -- NorMuon: its statistics and norms are the whole matrix's (``reference.normuon``) ----------
 class PlantedNorMuon(PlantedMuon, NorMuon):
     """NorMuon on DTensor parameters from the same public parts: ``PlantedMuon``'s momentum,
     gather and Newton–Schulz, the reference's ``normalize_neurons`` of the whole matrix, this
