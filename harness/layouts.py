@@ -3,9 +3,9 @@
 A family has two spellings on purpose, both kept here and nowhere else: ``name``, the ASCII
 one code and ``Candidate(layouts=…)`` use (what users type, so no ``×``), and ``title``, what
 records and reports show (``fsdp×tp``; streams written before keep matching). Each value
-also says on which mesh it runs for a world size and how that mesh's dims are named, which
-strategy draws it, and which rank-side function builds it (``harness.tasks.layouts``, named
-here and imported when a rank asks, so that the parent never imports the rank side).
+also says on which mesh it runs for a world size and how that mesh's dims are named, and which
+strategy draws it. The rank side keeps its builders by family name (``harness.tasks.layouts``'
+``BUILDERS``, which a test holds to every family here), so the parent never imports it.
 
 A case carries its family (``Case.layout``) beside its mesh, and reads its tensor- and
 expert-parallel degrees from them (``Layout.degrees_on``). FSDP2 on a 1-D mesh has two titles,
@@ -16,10 +16,8 @@ shards on its own.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 #: the strategies that draw the families (``harness.cases.strategies``)
 LAYOUT_CASES = "harness.cases.strategies:layout_cases"
@@ -28,7 +26,7 @@ OPTIMIZER_CASES = "harness.cases.strategies:cases"
 
 @dataclass(frozen=True)
 class Layout:
-    """One layout family: its names, its mesh, who draws it and who builds it."""
+    """One layout family: its names, its mesh and who draws it."""
 
     #: the one spelling in code: what ``Candidate(layouts=…)`` declares
     name: str
@@ -36,8 +34,6 @@ class Layout:
     title: str
     #: the mesh's dim names (``DeviceMesh``'s ``mesh_dim_names``)
     dims: tuple[str, ...]
-    #: ``module:function`` of the rank-side builder (``harness.tasks.layouts``)
-    builder: str
     #: ``module:function`` of the strategy that draws it (``None``: none draws it)
     strategy: str | None
     #: whether a candidate takes it only where it declares it (FSDP2's own 1-D ones it always takes)
@@ -69,25 +65,17 @@ class Layout:
         sizes = dict(zip(self.dims, mesh, strict=True))
         return sizes.get("tp", 1), sizes.get("ep", 1)
 
-    def build(self) -> Callable[..., Any]:
-        """The builder itself: ``(case, named tensors, mesh, *, linears) -> nn.Module``."""
-        module, _, function = self.builder.partition(":")
-        return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
 
-
-_FULLY_SHARD = "harness.tasks.layouts:data_parallel"
-_TENSOR_PARALLEL = "harness.tasks.layouts:tensor_parallel"
-
-FSDP = Layout("fsdp", "fsdp", ("shard",), _FULLY_SHARD, LAYOUT_CASES, declared=False)
+FSDP = Layout("fsdp", "fsdp", ("shard",), LAYOUT_CASES, declared=False)
 #: expert stacks ``[E, rows, cols]`` under FSDP2 on a 1-D mesh: whole experts on each rank
-EXPERTS = Layout("3-D", "3-D", ("shard",), _FULLY_SHARD, OPTIMIZER_CASES, declared=False)
+EXPERTS = Layout("3-D", "3-D", ("shard",), OPTIMIZER_CASES, declared=False)
 #: a candidate's own ``shard`` on a 1-D mesh (its declaration; not drawn: the adaptation gives it)
-OWN = Layout("own", "own", ("shard",), "harness.tasks.layouts:own_sharding", None, declared=False)
-HSDP = Layout("hsdp", "hsdp", ("replicate", "shard"), _FULLY_SHARD, LAYOUT_CASES)
-TP = Layout("tp", "tp", ("tp",), _TENSOR_PARALLEL, LAYOUT_CASES)
-FSDP_TP = Layout("fsdp_tp", "fsdp×tp", ("dp", "tp"), _TENSOR_PARALLEL, LAYOUT_CASES)
-HSDP_TP = Layout("hsdp_tp", "hsdp×tp", ("rep", "dp", "tp"), _TENSOR_PARALLEL, LAYOUT_CASES)
-EP_EFSDP = Layout("ep_efsdp", "ep×efsdp", ("ep", "efsdp"), "harness.tasks.layouts:expert_parallel", LAYOUT_CASES)
+OWN = Layout("own", "own", ("shard",), None, declared=False)
+HSDP = Layout("hsdp", "hsdp", ("replicate", "shard"), LAYOUT_CASES)
+TP = Layout("tp", "tp", ("tp",), LAYOUT_CASES)
+FSDP_TP = Layout("fsdp_tp", "fsdp×tp", ("dp", "tp"), LAYOUT_CASES)
+HSDP_TP = Layout("hsdp_tp", "hsdp×tp", ("rep", "dp", "tp"), LAYOUT_CASES)
+EP_EFSDP = Layout("ep_efsdp", "ep×efsdp", ("ep", "efsdp"), LAYOUT_CASES)
 
 #: every family, in the order reports list them
 LAYOUTS = (FSDP, EXPERTS, OWN, HSDP, TP, FSDP_TP, HSDP_TP, EP_EFSDP)

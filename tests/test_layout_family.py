@@ -1,5 +1,5 @@
 """Claims about ``harness.layouts``: each family's one value says on which mesh it runs, how
-its dims are named, and which builder lays it out, and a case carries its family beside a mesh
+its dims are named, the rank side lays each out (``harness.tasks.layouts.BUILDERS``), and a case carries its family beside a mesh
 of that family's dims, reading its tensor- and expert-parallel degrees from them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import reference
 from harness import layouts
 from harness.cases import Case, ParamSpec
-from harness.layouts import DRAWN, LAYOUTS, Layout
+from harness.layouts import DRAWN, LAYOUTS
 
 
 def test_every_family_has_its_own_name_and_title() -> None:
@@ -19,9 +19,11 @@ def test_every_family_has_its_own_name_and_title() -> None:
     assert all(layouts.named(layout.name) is layout is layouts.named(layout.title) for layout in LAYOUTS)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
-def test_every_family_names_a_builder_that_exists(layout: Layout) -> None:
-    assert callable(layout.build())
+def test_the_rank_side_has_a_builder_for_every_family_and_for_no_other() -> None:
+    from harness.tasks.layouts import BUILDERS
+
+    assert set(BUILDERS) == {layout.name for layout in LAYOUTS}
+    assert all(callable(build) for build in BUILDERS.values())
 
 
 @pytest.mark.parametrize("world", range(1, 9))

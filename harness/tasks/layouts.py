@@ -5,6 +5,8 @@ expert parallelism, or the candidate's own ``shard`` function. The layout is the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -13,7 +15,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from harness.candidates.declaration import declaration_of
 from harness.cases.case import Case
-from harness.layouts import OWN, fully_sharded
+from harness.layouts import EP_EFSDP, EXPERTS, FSDP, FSDP_TP, HSDP, HSDP_TP, OWN, TP, fully_sharded
 from harness.tasks.common import read_own_sharding
 
 
@@ -70,7 +72,7 @@ def build_model(
         layout = case.layout
     else:
         layout = fully_sharded(mesh.ndim)
-    return layout.build()(case, named, mesh, linears=linears)  # type: ignore[no-any-return]
+    return BUILDERS[layout.name](case, named, mesh, linears=linears)
 
 
 def data_parallel(case: Case, named: dict[str, Tensor], mesh: DeviceMesh, *, linears: bool = False) -> nn.Module:
@@ -123,3 +125,17 @@ def expert_parallel(case: Case, named: dict[str, Tensor], mesh: DeviceMesh, *, l
         placements = [Shard(0), Shard(1)] if t.ndim == 3 else [Replicate(), Shard(0)]
         model.register_parameter(name, nn.Parameter(distribute_tensor(t, mesh, placements, src_data_rank=None)))
     return model
+
+
+#: how a rank lays out each layout family (``harness.layouts``), by its name: ``(case, named
+#: tensors, mesh, *, linears) -> nn.Module``; a test holds it to every family there
+BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    FSDP.name: data_parallel,
+    EXPERTS.name: data_parallel,
+    HSDP.name: data_parallel,
+    OWN.name: own_sharding,
+    TP.name: tensor_parallel,
+    FSDP_TP.name: tensor_parallel,
+    HSDP_TP.name: tensor_parallel,
+    EP_EFSDP.name: expert_parallel,
+}
