@@ -3,9 +3,10 @@
 A family has two spellings on purpose, both kept here and nowhere else: ``name``, the ASCII
 one code and ``Candidate(layouts=…)`` use (what users type, so no ``×``), and ``title``, what
 records and reports show (``fsdp×tp``; streams written before keep matching). Each value
-also says on which mesh it runs for a world size and how that mesh's dims are named, and which
-strategy draws it. The rank side keeps its builders by family name (``harness.tasks.layouts``'
-``BUILDERS``, which a test holds to every family here), so the parent never imports it.
+also says on which mesh it runs for a world size and how that mesh's dims are named. The
+strategies that draw the families (``harness.cases.strategies``: ``DRAWN`` below, ``EXPERTS``
+by the optimizer cases) and the rank side's builders (``harness.tasks.layouts.BUILDERS``, by
+family name, held to every family here by a test) import this module; it imports neither.
 
 A case carries its family (``Case.layout``) beside its mesh, and reads its tensor- and
 expert-parallel degrees from them (``Layout.degrees_on``). FSDP2 on a 1-D mesh has two titles,
@@ -19,14 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-#: the strategies that draw the families (``harness.cases.strategies``)
-LAYOUT_CASES = "harness.cases.strategies:layout_cases"
-OPTIMIZER_CASES = "harness.cases.strategies:cases"
-
 
 @dataclass(frozen=True)
 class Layout:
-    """One layout family: its names, its mesh and who draws it."""
+    """One layout family: its names and its mesh."""
 
     #: the one spelling in code: what ``Candidate(layouts=…)`` declares
     name: str
@@ -34,8 +31,6 @@ class Layout:
     title: str
     #: the mesh's dim names (``DeviceMesh``'s ``mesh_dim_names``)
     dims: tuple[str, ...]
-    #: ``module:function`` of the strategy that draws it (``None``: none draws it)
-    strategy: str | None
     #: whether a candidate takes it only where it declares it (FSDP2's own 1-D ones it always takes)
     declared: bool = True
 
@@ -66,16 +61,16 @@ class Layout:
         return sizes.get("tp", 1), sizes.get("ep", 1)
 
 
-FSDP = Layout("fsdp", "fsdp", ("shard",), LAYOUT_CASES, declared=False)
+FSDP = Layout("fsdp", "fsdp", ("shard",), declared=False)
 #: expert stacks ``[E, rows, cols]`` under FSDP2 on a 1-D mesh: whole experts on each rank
-EXPERTS = Layout("3-D", "3-D", ("shard",), OPTIMIZER_CASES, declared=False)
+EXPERTS = Layout("3-D", "3-D", ("shard",), declared=False)
 #: a candidate's own ``shard`` on a 1-D mesh (its declaration; not drawn: the adaptation gives it)
-OWN = Layout("own", "own", ("shard",), None, declared=False)
-HSDP = Layout("hsdp", "hsdp", ("replicate", "shard"), LAYOUT_CASES)
-TP = Layout("tp", "tp", ("tp",), LAYOUT_CASES)
-FSDP_TP = Layout("fsdp_tp", "fsdp×tp", ("dp", "tp"), LAYOUT_CASES)
-HSDP_TP = Layout("hsdp_tp", "hsdp×tp", ("rep", "dp", "tp"), LAYOUT_CASES)
-EP_EFSDP = Layout("ep_efsdp", "ep×efsdp", ("ep", "efsdp"), LAYOUT_CASES)
+OWN = Layout("own", "own", ("shard",), declared=False)
+HSDP = Layout("hsdp", "hsdp", ("replicate", "shard"))
+TP = Layout("tp", "tp", ("tp",))
+FSDP_TP = Layout("fsdp_tp", "fsdp×tp", ("dp", "tp"))
+HSDP_TP = Layout("hsdp_tp", "hsdp×tp", ("rep", "dp", "tp"))
+EP_EFSDP = Layout("ep_efsdp", "ep×efsdp", ("ep", "efsdp"))
 
 #: every family, in the order reports list them
 LAYOUTS = (FSDP, EXPERTS, OWN, HSDP, TP, FSDP_TP, HSDP_TP, EP_EFSDP)

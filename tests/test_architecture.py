@@ -79,7 +79,6 @@ STRING_DEBTS = {
         "harness.algorithms",
         "gates.examples.torch_adam",
     ): "FAMILIES names AdamW's shipped candidate, which lives in gates",
-    ("harness.layouts", "harness.cases.strategies"): "Layout names the strategy that draws its cases",
 }
 OWED = {module: _imports(module) for module in MODULES}
 GRAPH = {module: deps - {d for (m, d) in STRING_DEBTS if m == module} for module, deps in OWED.items()}
