@@ -30,7 +30,15 @@ from hypothesis import strategies as st
 
 from gates.examples import flat_engine
 from harness.engines import EngineConfig, LoadedEngine
-from harness.engines.case import EngineCase, clip_cases, engine_cases, judged, per_head_cases
+from harness.engines.case import (
+    EngineCase,
+    clip_cases,
+    divisor_counts,
+    engine_cases,
+    exact_counts,
+    judged,
+    per_head_cases,
+)
 from harness.runner.ran import differed
 from harness.session import gate_config
 from reports.records import Comparison
@@ -63,7 +71,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             (stage, optimizer, acc, dtype)
             for stage in declared.stages
             for optimizer in sorted(declared.optimizers)
-            for acc in declared.accumulate
+            for acc in exact_counts(declared)
             for dtype in sorted(declared.dtypes)
         ]
         ids = [f"stage{s}-{o}-acc{a}-{d}" for s, o, a, d in cells]
@@ -131,6 +139,27 @@ def test_engine_reduces_and_accumulates_float32_gradients_in_float32(gate_runner
     gate_runner.subject = _subject()
     cases = engine_cases(engine.spec, engine.declared, _world(), dtype="float32", checkpoint=False, witness="precision")
     gate_runner.check("engine:precision float32", data.draw(cases), task="engine")
+
+
+@given(data=st.data())
+@settings(max_examples=max(3, settings().max_examples // 20))
+def test_engine_divides_by_world_sizes_and_accumulation_counts_that_are_not_powers_of_two(
+    gate_runner: Any, data: Any
+) -> None:
+    """The divisor witness (``harness.engines.case``): float32 gradients that every correct division
+    by the world size and the accumulation count keeps exact, at counts whose product is not a power
+    of two, so a wrong divisor, group or reduction differs bitwise where powers of two can hide it."""
+    engine, world = _engine(), gate_config().nproc  # any world: the witness's divisions are exact on each
+    if "float32" not in engine.declared.dtypes:  # type: ignore[operator]
+        pytest.skip(f"engine:divisor: {engine.spec} declares no float32 cases")
+    if not divisor_counts(engine.declared, world):
+        pytest.skip(
+            f"engine:divisor: {engine.spec} declares accumulate={list(engine.declared.accumulate)}; on {world} "
+            "ranks each makes a power of two: declare accumulate=(…, 3), or run --nproc 3"
+        )
+    gate_runner.subject = _subject()
+    cases = engine_cases(engine.spec, engine.declared, world, dtype="float32", checkpoint=False, witness="divisor")
+    gate_runner.check("engine:divisor float32", data.draw(cases), task="engine")
 
 
 @given(data=st.data())
@@ -268,6 +297,24 @@ def test_precision_witness_catches_a_bf16_reduction_that_the_exact_feed_cannot_s
     minimal = _caught(gate_runner, "negative:engine:bf16_reduced_engine", spec, dtype="float32", witness="precision")
     assert sum(len(s) for s in minimal.shapes) <= 4 and minimal.steps <= 2, minimal.describe()
     _blind_on_the_exact_feed(gate_runner, minimal)
+
+
+@pytest.mark.judges(
+    "muongate's divisor witness, with an engine whose divisor is rounded to a power of two (negative control)",
+    "muongate: gates",
+)
+def test_divisor_witness_catches_a_divisor_that_powers_of_two_hide(gate_runner: Any) -> None:
+    """The flat engine dividing each micro-batch's loss by the accumulation count rounded down to a
+    power of two: the divisor witness catches it at ×3 and shrinks it; on the exact feed, whose
+    counts are powers of two, every cell of it passes."""
+    if gate_config().nproc < 2:
+        pytest.skip("the control needs two ranks")
+    spec = f"{flat_engine.__name__}:shifted_divisor_engine"
+    minimal = _caught(gate_runner, "negative:engine:shifted_divisor_engine", spec, dtype="float32", witness="divisor")
+    assert minimal.accumulate == 3 and sum(len(s) for s in minimal.shapes) <= 4, minimal.describe()
+    for accumulate in (1, 2, 4):
+        exact = replace(minimal, witness="exact", accumulate=accumulate)
+        assert not differed(gate_runner.run(exact, task="engine")), f"the exact feed at ×{accumulate} saw it"
 
 
 DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"

@@ -337,3 +337,40 @@ def test_the_precision_witness_is_exact_in_float32_and_rounds_in_bf16_and_is_ref
     )
     with pytest.raises(ValueError, match="needs float32 gradients"):
         replace(case, dtype="bfloat16")
+
+
+@pytest.mark.parametrize(("world", "accumulate"), [(3, 1), (2, 3), (5, 2), (6, 5), (3, 3)])
+def test_the_divisor_witness_keeps_every_division_exact_and_its_mean_with_it(world: int, accumulate: int) -> None:
+    """Each micro-batch's gradient divided by the count or multiplied by its reciprocal, before
+    or after the sum over ranks, is the float64 mean; a divisor rounded to a power of two is not."""
+    case = EngineCase(
+        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, accumulate=accumulate,
+        reduce_scatter=None, dtype="float32", shapes=((6, 7),), no_grad=(), steps=1, seed=5, world_size=world,
+        settings=(), witness="divisor",
+    )  # fmt: skip
+    feeds = [[case.feed(0, r, m)["p0"] for m in range(accumulate)] for r in range(world)]
+    exact = torch.stack([f.double() for rank in feeds for f in rank]).sum(0) / (world * accumulate)
+    mean = case.mean_gradient(0)["p0"]
+    assert torch.equal(mean.double(), exact)
+    reciprocal = torch.tensor(1.0) / accumulate
+    scaled = [sum(f * reciprocal for f in rank) for rank in feeds]  # a loss scaled by 1/accumulate
+    assert torch.equal(sum(scaled) / world, mean)
+    assert torch.equal(sum(s / world for s in scaled), mean)  # divided before the reduction
+    shifted = 1 << ((world * accumulate).bit_length() - 1)
+    assert not torch.equal(exact.float() * (world * accumulate) / shifted, mean)
+
+
+def test_the_divisor_witness_refuses_powers_of_two_bf16_and_counts_whose_reciprocal_rounds() -> None:
+    case = EngineCase(
+        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, accumulate=3,
+        reduce_scatter=None, dtype="float32", shapes=((2, 2),), no_grad=(), steps=1, seed=0, world_size=2,
+        settings=(), witness="divisor",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="must not be a power of two"):
+        replace(case, accumulate=2)
+    with pytest.raises(ValueError, match="accumulate=7: its reciprocal rounds"):
+        replace(case, accumulate=7)
+    with pytest.raises(ValueError, match="needs float32 gradients"):
+        replace(case, dtype="bfloat16")
+    with pytest.raises(ValueError, match="other counts are the divisor witness's"):
+        replace(case, witness="exact")

@@ -77,7 +77,10 @@ class FlatRun:
         return max(1, min(self.masters[name].shape[0], math.ceil(end / cols)))
 
     def backward(self, loss: Tensor) -> None:
-        (loss / self.config.accumulate).backward()
+        accumulate = self.config.accumulate
+        if self.bug == "shifted_divisor":  # the count rounded down to a power of two, as a shift divides
+            accumulate = 1 << (accumulate.bit_length() - 1)
+        (loss / accumulate).backward()
 
     def step(self) -> None:
         self.micro += 1
@@ -184,6 +187,7 @@ def _sliced(rows: int) -> Callable[..., Tensor]:
 DECLARED = Engine(
     stages={1},
     dtypes={"float32", "bfloat16"},
+    accumulate=(1, 2, 3, 4),
     reshard=flat_reshard,
     reshard_stages={1},
     reshard_optimizers={"muon", "adamw"},
@@ -220,6 +224,11 @@ def lossy_reshard_engine(model: nn.Module, config: EngineConfig, group: Any) -> 
 @replace(DECLARED, judged={})
 def bf16_reduced_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
     return FlatRun(model, config, group, bug="bf16_reduced")
+
+
+@replace(DECLARED, optimizers={"muon"}, judged={})
+def shifted_divisor_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
+    return FlatRun(model, config, group, bug="shifted_divisor")
 
 
 #: the planted engines the gates must catch on the exact feed, by name

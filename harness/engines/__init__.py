@@ -46,7 +46,9 @@ made; a bad one is a ``ValueError`` naming the field):
     case draws (``{"muon": {"ns_method": ("gram", "standard")}}``); they reach the factory in
     ``EngineConfig.settings`` and ``conventions``, not the reference.
 ``accumulate``
-    the gradient accumulation steps it takes (default 1, 2 and 4).
+    the gradient accumulation steps it takes (default 1, 2 and 4). The powers of two are judged
+    on the exact and precision feeds; a count whose product with the world size is not a power
+    of two (3, 5, 6) on the divisor witness (``harness.engines.case``).
 ``reduce_scatter``
     the stages at which it accepts a ``reduce_scatter`` setting, each with the values it
     accepts there (``{2: (True, False), 3: (True, False)}``); a key ``(optimizer, stage)``

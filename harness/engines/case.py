@@ -17,11 +17,21 @@ micro-batches) needs at most 17 significant bits, exact in float32 whatever the 
 keeps 8, so the witness rounds wherever it passes through bf16. An engine that reduces or
 accumulates in bf16 where it declares float32 then differs bitwise; a reordered float32 one
 still cannot.
+
+Both feeds divide by powers of two only, where a wrong divisor often hides: a mean over the
+wrong group of a power-of-two size, a divisor rounded to a power of two. The *divisor witness*
+(``EngineCase.witness == "divisor"``, float32 cases) runs at world sizes and accumulation counts
+whose product ``N`` is not a power of two (3, 5, 6, …) and draws each ``c`` as ``N·k/8``: every
+division an engine makes by the world size or the accumulation count, before or after summing,
+by dividing or by multiplying with the reciprocal, is exact, and so is the mean, ``Σk/8 · 1/N``
+of the sum; a wrong divisor, a wrong group or a missing reduction differs wherever the drawn
+``k`` do not sum to zero. A count whose reciprocal rounds the feed (7, 13, 14, 15 among those up
+to 16: ``c · fl(1/7) ≠ c / 7``) is refused, since two correct engines would then differ.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,8 +43,23 @@ from harness.algorithms import engine_family
 from harness.engines import Engine, EngineConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-#: each feed's grid: its values are the multiples of 1/grid in [-1, 1] (module docstring)
-WITNESS_GRID = {"exact": 8, "precision": 2**12}
+#: each feed's grid: its values are the multiples of 1/grid in [-1, 1] (module docstring), times
+#: world size × accumulation count for the divisor witness
+WITNESS_GRID = {"exact": 8, "precision": 2**12, "divisor": 8}
+
+
+def power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+@functools.cache
+def reciprocal_exact(d: int) -> bool:
+    """Whether multiplying the divisor witness's values by ``fl(1/d)`` gives what dividing by ``d``
+    does, for every world size and accumulation count up to 16 (module docstring)."""
+    values = torch.arange(-8, 9, dtype=torch.float32)
+    return all(
+        torch.equal(c * (torch.tensor(1.0) / d), c / d) for n in range(d, 16 * d + 1, d) for c in [values * n / 8]
+    )
 
 
 #: the name of a case's first matrix where it is a query projection of ``EngineCase.heads`` heads
@@ -137,16 +162,30 @@ class EngineCase:
     witness: str = "exact"
 
     def __post_init__(self) -> None:
-        for what, n in (("world_size", self.world_size), ("accumulate", self.accumulate)):
-            if n < 1 or not math.log2(n).is_integer():
-                raise ValueError(f"EngineCase {what}={n}: a power of two, so that every sum of the feed is exact")
         if self.witness not in WITNESS_GRID:
             raise ValueError(f"EngineCase witness={self.witness!r}: one of {sorted(WITNESS_GRID)}")
-        if self.witness == "precision" and self.dtype != "float32":
+        if self.witness in ("precision", "divisor") and self.dtype != "float32":
             raise ValueError(
-                f"EngineCase witness='precision' with dtype={self.dtype}: the witness needs float32 gradients "
+                f"EngineCase witness={self.witness!r} with dtype={self.dtype}: the witness needs float32 gradients "
                 "(bf16 ones round it themselves)"
             )
+        counts = (("world_size", self.world_size), ("accumulate", self.accumulate))
+        if self.witness == "divisor":
+            if power_of_two(self.world_size * self.accumulate):
+                raise ValueError(
+                    f"EngineCase witness='divisor' with world_size={self.world_size}, accumulate={self.accumulate}: "
+                    "their product must not be a power of two, or the witness divides as the exact feed does"
+                )
+            for what, n in counts:
+                if n < 1 or not reciprocal_exact(n):
+                    raise ValueError(f"EngineCase {what}={n}: its reciprocal rounds the divisor witness's values")
+            return
+        for what, n in counts:
+            if not power_of_two(n):
+                raise ValueError(
+                    f"EngineCase {what}={n}: a power of two, so that every sum of the feed is exact "
+                    "(other counts are the divisor witness's)"
+                )
 
     @property
     def config(self) -> EngineConfig:
@@ -171,8 +210,9 @@ class EngineCase:
         """``c`` of every parameter with a gradient, for one micro-batch of one rank."""
         generator = torch.Generator().manual_seed(hash((self.seed, step, rank, micro)) % 2**62)
         grid = WITNESS_GRID[self.witness]
+        scale = self.world_size * self.accumulate if self.witness == "divisor" else 1
         return {
-            name: torch.randint(-grid, grid + 1, shape, generator=generator).float() / grid
+            name: torch.randint(-grid, grid + 1, shape, generator=generator).float() * scale / grid
             for i, (name, shape) in enumerate(zip(self.names, self.shapes, strict=True))
             if i not in self.no_grad
         }
@@ -219,6 +259,9 @@ class EngineCase:
             declared += "; narrowed: " + ", ".join(self.narrowed)
         if self.witness == "precision":
             declared += "; precision witness feed (multiples of 2^-12: exact in float32, rounded by bf16)"
+        if self.witness == "divisor":
+            n = self.world_size * self.accumulate
+            declared += f"; divisor witness feed (multiples of {n}/8: every division by {n} and its factors exact)"
         return (
             f"{self.engine} stage {self.stage} {self.optimizer} ({settings}), accumulate {self.accumulate}{scatter}, "
             f"{self.dtype}, {shapes}, {self.steps} step(s){saved}, seed {self.seed}, {self.world_size} ranks{declared}"
@@ -275,6 +318,8 @@ def engine_cases(
     def one(given: Any, declared_values: Any) -> st.SearchStrategy[Any]:
         return st.just(given) if given is not None else st.sampled_from(sorted(declared_values))
 
+    counts = divisor_counts(declared, world_size) if witness == "divisor" else exact_counts(declared)
+
     @st.composite
     def build(draw: Any) -> EngineCase:
         chosen = draw(one(optimizer, declared.optimizers))
@@ -290,7 +335,7 @@ def engine_cases(
             engine=spec,
             optimizer=chosen,
             stage=at,
-            accumulate=draw(one(accumulate, declared.accumulate)),
+            accumulate=draw(one(accumulate, counts)),
             # on first (the straddling case is tried with it): ZeRO's default, and where finding 26 shows
             reduce_scatter=None if scatter is None else draw(st.sampled_from(sorted(scatter, reverse=True))),
             dtype=draw(one(dtype, declared.dtypes)),
@@ -306,6 +351,23 @@ def engine_cases(
         return judged(case, declared)
 
     return build()
+
+
+def exact_counts(declared: Engine) -> tuple[int, ...]:
+    """The accumulation counts the exact and precision feeds take: the declared powers of two."""
+    return tuple(a for a in declared.accumulate if power_of_two(a))  # type: ignore[attr-defined]
+
+
+def divisor_counts(declared: Engine, world_size: int) -> tuple[int, ...]:
+    """The declared accumulation counts the divisor witness takes on ``world_size`` ranks: those
+    whose product with it is not a power of two, each with an exact reciprocal (module docstring)."""
+    if not reciprocal_exact(world_size):
+        return ()
+    return tuple(
+        a
+        for a in declared.accumulate  # type: ignore[attr-defined]
+        if not power_of_two(a * world_size) and reciprocal_exact(a)
+    )
 
 
 def per_head_cases(spec: str, declared: Engine, world_size: int, *, stage: int) -> st.SearchStrategy[EngineCase]:
