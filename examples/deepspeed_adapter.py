@@ -380,6 +380,7 @@ def conventions(config: EngineConfig, release: Version = RELEASE) -> dict[str, A
     shown={"muon"},
     options={"muon": {"ns_method": ("gram", "standard")}} if RELEASE >= FIRST_WITH_NS_METHOD else {},
     reduce_scatter={1: (True, False), 2: (True, False), 3: (True, False), ("muon", 3): (False,)},
+    accumulate=(1, 2, 3, 4),
     dtypes={"float32", "bfloat16"},
     reshard=universal,
     reshard_stages={1, 2, 3},
