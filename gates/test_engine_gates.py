@@ -164,6 +164,20 @@ def test_engine_divides_by_world_sizes_and_accumulation_counts_that_are_not_powe
 
 @given(data=st.data())
 @settings(max_examples=max(3, settings().max_examples // 20))
+def test_engine_steps_a_parameter_that_has_a_gradient_on_some_ranks_only(gate_runner: Any, data: Any) -> None:
+    """Rank-asymmetric gradients: one parameter that some ranks' micro-batches never reach (a layer
+    their tokens skip, an expert with no tokens there). The mean counts their gradients as zeros,
+    and the parameter steps on it wherever any rank had one."""
+    engine = _engine()
+    if _world() < 2:
+        pytest.skip("engine:asymmetric: a gradient on some ranks only needs two ranks")
+    gate_runner.subject = _subject()
+    cases = engine_cases(engine.spec, engine.declared, _world(), checkpoint=False, asymmetric=True)
+    gate_runner.check("engine:asymmetric", data.draw(cases), task="engine")
+
+
+@given(data=st.data())
+@settings(max_examples=max(3, settings().max_examples // 20))
 def test_engine_orthogonalizes_each_head_of_a_query_projection_as_the_reference_does(
     gate_runner: Any, head_stage: int, data: Any
 ) -> None:
@@ -315,6 +329,22 @@ def test_divisor_witness_catches_a_divisor_that_powers_of_two_hide(gate_runner: 
     for accumulate in (1, 2, 4):
         exact = replace(minimal, witness="exact", accumulate=accumulate)
         assert not differed(gate_runner.run(exact, task="engine")), f"the exact feed at ×{accumulate} saw it"
+
+
+@pytest.mark.judges(
+    "muongate's rank-asymmetric feed, with an engine whose owner skips a gradient it lacks (negative control)",
+    "muongate: gates",
+)
+def test_asymmetric_feed_catches_an_owner_that_skips_a_gradient_only_it_lacks(gate_runner: Any) -> None:
+    """The flat engine's owner skipping a parameter without a gradient on its own rank, though
+    another rank's reached it: the asymmetric feed catches it; every rank's gradient, on the same
+    minimal case, hides it."""
+    if gate_config().nproc < 2:
+        pytest.skip("the control needs two ranks")
+    spec = f"{flat_engine.__name__}:owner_skips_engine"
+    minimal = _caught(gate_runner, "negative:engine:owner_skips_engine", spec, asymmetric=True)
+    assert minimal.missing_on and minimal.steps <= 2, minimal.describe()
+    assert not differed(gate_runner.run(replace(minimal, missing_on=()), task="engine")), "seen without the asymmetry"
 
 
 DEEPSPEED = "examples.deepspeed_adapter:deepspeed_zero"

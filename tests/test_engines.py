@@ -374,3 +374,19 @@ def test_the_divisor_witness_refuses_powers_of_two_bf16_and_counts_whose_recipro
         replace(case, dtype="bfloat16")
     with pytest.raises(ValueError, match="other counts are the divisor witness's"):
         replace(case, witness="exact")
+
+
+def test_a_gradient_missing_on_some_ranks_counts_as_zeros_in_the_mean_and_is_refused_on_every_rank() -> None:
+    case = EngineCase(
+        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, accumulate=2,
+        reduce_scatter=None, dtype="float32", shapes=((2, 3), (4,)), no_grad=(), steps=1, seed=1, world_size=4,
+        settings=(), missing_on=((0, 1), (0, 3)),
+    )  # fmt: skip
+    assert "p0" not in case.feed(0, 1, 0) and "p0" in case.feed(0, 2, 1) and "p1" in case.feed(0, 1, 0)
+    fed = torch.stack([case.feed(0, r, m)["p0"] for r in (0, 2) for m in range(2)]).sum(0)
+    assert torch.equal(case.mean_gradient(0)["p0"], fed / 8)
+    assert "p0 without a gradient on ranks 1, 3" in case.describe()
+    with pytest.raises(ValueError, match="p0 on every rank; that is no_grad"):
+        replace(case, missing_on=tuple((0, r) for r in range(4)))
+    with pytest.raises(ValueError, match="a parameter with a gradient and a rank of the case"):
+        replace(case, missing_on=((0, 4),))

@@ -19,6 +19,9 @@ The planted bugs, each a sharding mistake engines have made:
     partition's elements, and its own rank's unreduced gradient for the rest;
 ``lossy_reshard_engine``
     converts a checkpoint for another world size (``flat_reshard``) without its optimizer state;
+``owner_skips_engine``
+    the owner skips a parameter that has no gradient on its own rank, though other ranks' do:
+    only the rank-asymmetric feed sees it (``harness.engines.case``);
 ``bf16_reduced_engine``
     all-reduces the float32 gradients in bf16 (a reduction narrower than the declared dtype, as
     2026's reports against frameworks' mixed-precision policies say): only the precision
@@ -89,8 +92,11 @@ class FlatRun:
 
     def _step(self) -> None:
         grads = {n: p.grad for n, p in self.params.items()}
+        # each parameter's gradient, zeros where this rank has none, then whether it has one: a
+        # parameter is stepped where any rank had a gradient (the mean counts the others' as zeros)
         local = torch.cat([(g if g is not None else torch.zeros_like(p)).float().flatten() for (n, p), g in
-                           zip(self.params.items(), grads.values(), strict=True)])  # fmt: skip
+                           zip(self.params.items(), grads.values(), strict=True)]
+                          + [torch.tensor([float(g is not None) for g in grads.values()])])  # fmt: skip
         if self.bug == "bf16_reduced":  # the all-reduce carried in bf16, its result widened again
             narrow = local.to(torch.bfloat16)
             dist.all_reduce(narrow, group=self.group)
@@ -98,9 +104,10 @@ class FlatRun:
         else:
             reduced = local.clone()
             dist.all_reduce(reduced, group=self.group)
+        had = dict(zip(grads, (reduced[-len(grads) :] > 0).tolist(), strict=True))
         reduced /= self.world
         for name, optimizer in self.optimizers.items():
-            if grads[name] is None:
+            if not had[name] or (self.bug == "owner_skips" and grads[name] is None):
                 continue
             start, numel = self.offsets[name], self.masters[name].numel()
             grad = reduced[start : start + numel].clone()
@@ -219,6 +226,11 @@ def partly_reduced_engine(model: nn.Module, config: EngineConfig, group: Any) ->
 @replace(DECLARED, reshard=lossy_reshard)
 def lossy_reshard_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
     return FlatRun(model, config, group)
+
+
+@replace(DECLARED, judged={})
+def owner_skips_engine(model: nn.Module, config: EngineConfig, group: Any) -> FlatRun:
+    return FlatRun(model, config, group, bug="owner_skips")
 
 
 @replace(DECLARED, judged={})

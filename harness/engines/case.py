@@ -157,11 +157,23 @@ class EngineCase:
     clip_form: str = "torch"
     #: what the engine's declaration took out of the drawn case (``Engine.needs_every_grad``), said in its description
     narrowed: tuple[str, ...] = ()
+    #: ``(parameter, rank)``: that rank's micro-batches never reach that parameter, while another
+    #: rank's do (a layer a rank's tokens skip, an expert with no tokens there): the mean counts
+    #: the rank's gradient as zeros
+    missing_on: tuple[tuple[int, int], ...] = ()
     #: the gradient feed (module docstring): ``"exact"`` (multiples of 1/8, exact in bf16 too) or
     #: ``"precision"`` (multiples of 2^-12, exact in float32 only: a witness of the reduction's dtype)
     witness: str = "exact"
 
     def __post_init__(self) -> None:
+        for i, r in self.missing_on:
+            if not 0 <= i < len(self.shapes) or i in self.no_grad or not 0 <= r < self.world_size:
+                raise ValueError(
+                    f"EngineCase missing_on=({i}, {r}): a parameter with a gradient and a rank of the case"
+                )
+        for i in {i for i, _ in self.missing_on}:
+            if sum(1 for j, _ in self.missing_on if j == i) >= self.world_size:
+                raise ValueError(f"EngineCase missing_on: p{i} on every rank; that is no_grad")
         if self.witness not in WITNESS_GRID:
             raise ValueError(f"EngineCase witness={self.witness!r}: one of {sorted(WITNESS_GRID)}")
         if self.witness in ("precision", "divisor") and self.dtype != "float32":
@@ -214,7 +226,7 @@ class EngineCase:
         return {
             name: torch.randint(-grid, grid + 1, shape, generator=generator).float() * scale / grid
             for i, (name, shape) in enumerate(zip(self.names, self.shapes, strict=True))
-            if i not in self.no_grad
+            if i not in self.no_grad and (i, rank) not in self.missing_on
         }
 
     def mean_gradient(self, step: int) -> dict[str, Tensor]:
@@ -238,6 +250,10 @@ class EngineCase:
         scatter = "" if self.reduce_scatter is None else f" reduce_scatter={'on' if self.reduce_scatter else 'off'}"
         if self.missing_gradient == "zeros" and self.no_grad:
             shapes += " (a missing gradient steps as zeros, as the engine declares)"
+        for i in sorted({i for i, _ in self.missing_on}):
+            ranks = sorted(r for j, r in self.missing_on if j == i)
+            shapes += f"; {self.names[i]} without a gradient on rank{'s' if len(ranks) > 1 else ''} "
+            shapes += ", ".join(map(str, ranks))
         saved = "" if self.checkpoint_at is None else f", saved and loaded after step {self.checkpoint_at}"
         if self.resumed_from is not None:
             saved += f", resumed from {self.resumed_from[2]} step(s) on {self.resumed_from[1]} ranks (resharded)"
@@ -309,11 +325,13 @@ def engine_cases(
     accumulate: int | None = None,
     dtype: str | None = None,
     witness: str = "exact",
+    asymmetric: bool = False,
 ) -> st.SearchStrategy[EngineCase]:
     """Cases of everything ``declared`` (or of the one ``stage``, ``optimizer``, ``accumulate``
     and ``dtype`` given): its ``reduce_scatter`` settings and dtypes, parameters of shapes
     that straddle the partitions at every world size (uneven by construction), some without
-    gradients, and a checkpoint where the stage declares one; fed by ``witness``'s feed."""
+    gradients, and a checkpoint where the stage declares one; fed by ``witness``'s feed;
+    ``asymmetric``: one parameter with a gradient on some ranks only (``EngineCase.missing_on``)."""
 
     def one(given: Any, declared_values: Any) -> st.SearchStrategy[Any]:
         return st.just(given) if given is not None else st.sampled_from(sorted(declared_values))
@@ -348,6 +366,14 @@ def engine_cases(
             checkpoint_at=draw(st.none() | st.integers(0, steps - 2)) if saves else None,
             witness=witness,
         )
+        if asymmetric:
+            fed = [i for i in range(len(shapes)) if i not in no_grad]
+            if len(fed) < 2:  # every rank's loss must reach some parameter
+                case = replace(case, shapes=(*shapes, (2, 2)))
+                fed.append(len(shapes))
+            lonely = draw(st.sampled_from(fed))
+            ranks = draw(st.sets(st.integers(0, world_size - 1), min_size=1, max_size=world_size - 1))
+            case = replace(case, missing_on=tuple((lonely, r) for r in sorted(ranks)))
         return judged(case, declared)
 
     return build()
@@ -415,8 +441,14 @@ def judged(case: EngineCase, declared: Engine) -> EngineCase:
     """The case with what the engine declares it is judged against, the reference's settings
     that express its arithmetic, and its declared differences."""
     conventions = {} if declared.conventions is None else dict(declared.conventions(case.config))
-    if case.no_grad and declared.needs_every_grad is not None and declared.needs_every_grad(case.config):
-        case = replace(case, no_grad=(), narrowed=("every parameter has a gradient (the engine needs one here)",))
+    if (
+        (case.no_grad or case.missing_on)
+        and declared.needs_every_grad is not None
+        and declared.needs_every_grad(case.config)
+    ):
+        case = replace(
+            case, no_grad=(), missing_on=(), narrowed=("every parameter has a gradient (the engine needs one here)",)
+        )
     return replace(
         case,
         against=declared.judged[case.optimizer],  # type: ignore[index]
