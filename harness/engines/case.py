@@ -56,10 +56,9 @@ def power_of_two(n: int) -> bool:
 def reciprocal_exact(d: int) -> bool:
     """Whether multiplying the divisor witness's values by ``fl(1/d)`` gives what dividing by ``d``
     does, for every world size and accumulation count up to 16 (module docstring)."""
-    values = torch.arange(-8, 9, dtype=torch.float32)
-    return all(
-        torch.equal(c * (torch.tensor(1.0) / d), c / d) for n in range(d, 16 * d + 1, d) for c in [values * n / 8]
-    )
+    reciprocal = torch.tensor(1.0) / d
+    fed = (torch.arange(-8, 9, dtype=torch.float32) * n / 8 for n in range(d, 16 * d + 1, d))
+    return all(torch.equal(c * reciprocal, c / d) for c in fed)
 
 
 #: the name of a case's first matrix where it is a query projection of ``EngineCase.heads`` heads

@@ -140,8 +140,13 @@ class GateSession:
             thresholds=thresholds,
             engine=self.engine,
             replay=self.replay,
-            device=self.devices[0].split(":")[0] if self.devices else "cpu",
+            device=self.device_kind,
         )
+
+    @property
+    def device_kind(self) -> str:
+        """What the ranks compute on, ``"cpu"`` or ``"cuda"`` (``"cpu"`` until resolved)."""
+        return self.devices[0].split(":")[0] if self.devices else "cpu"
 
     # -- resolving the session, once ---------------------------------------------------------------
     def choose_profile(self) -> None:
@@ -200,7 +205,7 @@ class GateSession:
                 "--engine with --impl: the engine gates judge the engine's own optimizer, the others the candidate; use one"
             )
         engine = self._load_plugin("engine", LoadedEngine.load, "MODULE:FACTORY")
-        refused = engine.refusal(self.devices[0].split(":")[0]) if engine is not None else None
+        refused = engine.refusal(self.device_kind) if engine is not None else None
         if refused:
             raise pytest.UsageError(f"--engine {engine.spec}: {refused}")
         return engine
@@ -336,7 +341,7 @@ class GateSession:
         against = config.getoption("against")
         seed = config.getoption("hypothesis_seed", None)
         rerun = Rerun(
-            device=self.devices[0].split(":")[0],
+            device=self.device_kind,
             profile=settings.get_current_profile_name(),
             seed=None if seed is None else str(seed),
             model=config.getoption("model"),
