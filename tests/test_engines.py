@@ -319,14 +319,18 @@ def test_a_session_refuses_megatron_without_megatron_core_in_one_line(other_proj
     ], said
 
 
+def _flat_case(**given: Any) -> EngineCase:
+    """A one-step float32 AdamW case of muongate's flat engine, with ``given`` on top."""
+    return EngineCase(
+        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, reduce_scatter=None,
+        dtype="float32", no_grad=(), steps=1, settings=(), **given,
+    )  # fmt: skip
+
+
 def test_the_precision_witness_is_exact_in_float32_and_rounds_in_bf16_and_is_refused_for_bf16_cases() -> None:
     """The feed the precision gate draws: every sum over ranks and micro-batches is exact in float32
     (the mean equals float64's), bf16 rounds the feed itself, and a bf16 case cannot carry it."""
-    case = EngineCase(
-        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, accumulate=4,
-        reduce_scatter=None, dtype="float32", shapes=((8, 8),), no_grad=(), steps=1, seed=3, world_size=8,
-        settings=(), witness="precision",
-    )  # fmt: skip
+    case = _flat_case(accumulate=4, shapes=((8, 8),), seed=3, world_size=8, witness="precision")
     feeds = [case.feed(0, r, m)["p0"] for r in range(8) for m in range(4)]
     exact = torch.stack([f.double() for f in feeds]).sum(0) / 32
     assert torch.equal(case.mean_gradient(0)["p0"].double(), exact)
@@ -343,11 +347,7 @@ def test_the_precision_witness_is_exact_in_float32_and_rounds_in_bf16_and_is_ref
 def test_the_divisor_witness_keeps_every_division_exact_and_its_mean_with_it(world: int, accumulate: int) -> None:
     """Each micro-batch's gradient divided by the count or multiplied by its reciprocal, before
     or after the sum over ranks, is the float64 mean; a divisor rounded to a power of two is not."""
-    case = EngineCase(
-        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, accumulate=accumulate,
-        reduce_scatter=None, dtype="float32", shapes=((6, 7),), no_grad=(), steps=1, seed=5, world_size=world,
-        settings=(), witness="divisor",
-    )  # fmt: skip
+    case = _flat_case(accumulate=accumulate, shapes=((6, 7),), seed=5, world_size=world, witness="divisor")
     feeds = [[case.feed(0, r, m)["p0"] for m in range(accumulate)] for r in range(world)]
     exact = torch.stack([f.double() for rank in feeds for f in rank]).sum(0) / (world * accumulate)
     mean = case.mean_gradient(0)["p0"]
@@ -361,11 +361,7 @@ def test_the_divisor_witness_keeps_every_division_exact_and_its_mean_with_it(wor
 
 
 def test_the_divisor_witness_refuses_powers_of_two_bf16_and_counts_whose_reciprocal_rounds() -> None:
-    case = EngineCase(
-        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, accumulate=3,
-        reduce_scatter=None, dtype="float32", shapes=((2, 2),), no_grad=(), steps=1, seed=0, world_size=2,
-        settings=(), witness="divisor",
-    )  # fmt: skip
+    case = _flat_case(accumulate=3, shapes=((2, 2),), seed=0, world_size=2, witness="divisor")
     with pytest.raises(ValueError, match="must not be a power of two"):
         replace(case, accumulate=2)
     with pytest.raises(ValueError, match="accumulate=7: its reciprocal rounds"):
@@ -377,11 +373,7 @@ def test_the_divisor_witness_refuses_powers_of_two_bf16_and_counts_whose_recipro
 
 
 def test_a_gradient_missing_on_some_ranks_counts_as_zeros_in_the_mean_and_is_refused_on_every_rank() -> None:
-    case = EngineCase(
-        engine="gates.examples.flat_engine:flat_engine", optimizer="adamw", stage=1, accumulate=2,
-        reduce_scatter=None, dtype="float32", shapes=((2, 3), (4,)), no_grad=(), steps=1, seed=1, world_size=4,
-        settings=(), missing_on=((0, 1), (0, 3)),
-    )  # fmt: skip
+    case = _flat_case(accumulate=2, shapes=((2, 3), (4,)), seed=1, world_size=4, missing_on=((0, 1), (0, 3)))
     assert "p0" not in case.feed(0, 1, 0) and "p0" in case.feed(0, 2, 1) and "p1" in case.feed(0, 1, 0)
     fed = torch.stack([case.feed(0, r, m)["p0"] for r in (0, 2) for m in range(2)]).sum(0)
     assert torch.equal(case.mean_gradient(0)["p0"], fed / 8)
