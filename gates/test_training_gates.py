@@ -17,6 +17,7 @@ distributed step must fail the gate (this family's negative control).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,7 +26,9 @@ from hypothesis import strategies as st
 import reference
 from gates.adamw_controls import L2DecayAdamW
 from gates.negative_controls import OffByOneRowsMuon
+from gates.step_controls import NarrowReduceTransformer
 from harness.layouts import FSDP_TP
+from harness.models.precision import Precision
 from harness.models.transformer import TransformerCase
 from harness.runner.ran import differed
 from harness.session import gate_config
@@ -68,9 +71,57 @@ def test_training_gate_catches_off_by_one_shard_boundary(gate_runner: Any) -> No
 
 
 def _on(case: TransformerCase, world: int) -> TransformerCase:
-    from dataclasses import replace
-
     return replace(case, world_size=world)
+
+
+# -- mixed precision: FSDP2's MixedPrecisionPolicy and autocast (harness/models/precision.py) --
+PRECISIONS = {
+    "bf16-params-fp32-reduce": Precision(param="bfloat16", reduce="float32"),
+    "bf16-params-bf16-reduce": Precision(param="bfloat16"),
+    "bf16-autocast": Precision(autocast="bfloat16"),
+}
+
+
+def _mixed(name: str, steps: int = 4) -> TransformerCase:
+    return TransformerCase(f"dense MLP, {name}", steps=steps, precision=PRECISIONS[name])
+
+
+@pytest.mark.parametrize("name", list(PRECISIONS))
+def test_mixed_precision_training_matches_single_process_reference_at_every_step(gate_runner: Any, name: str) -> None:
+    """FSDP2 with a mixed-precision policy (or autocast) against one process that follows the
+    same declaration: its forward and backward on parameters cast as FSDP2 casts them, its
+    gradients reduced in the declared dtype. Bitwise on 2 ranks."""
+    gate_runner.reference_only("training:precision")
+    world = min(gate_config().nproc, 4)
+    gate_runner.train("training:precision", _on(_mixed(name), world))
+
+
+@pytest.mark.parametrize("name", list(PRECISIONS))
+def test_mixed_precision_training_twins_agree_bitwise(gate_runner: Any, name: str) -> None:
+    """The twins under each mixed-precision declaration at the session's world size, two
+    micro-batches accumulated per step: the candidate steps on the float32 gradients FSDP2
+    reduced, as the reference twin does."""
+    gate_runner.reference_only("training:precision:twins")
+    case = TwinsCase(_on(_mixed(name, steps=2), gate_config().nproc), accumulate=2)
+    gate_runner.check("training:precision:twins", case, task="twins")
+
+
+@pytest.mark.judges(
+    "the mixed-precision training gate, with a layout that reduces in bf16 under a float32-reduce "
+    "policy (negative control)",
+    "muongate: gates",
+)
+def test_mixed_precision_training_gate_catches_a_reduction_in_bf16_under_an_fp32_policy(gate_runner: Any) -> None:
+    planted = NarrowReduceTransformer(
+        "planted bf16 reduce under a float32-reduce policy", steps=1, precision=PRECISIONS["bf16-params-fp32-reduce"]
+    )
+    gate_runner.catch(
+        "negative:training:precision:NarrowReduceTransformer",
+        st.just(planted),
+        lambda case: differed(gate_runner.run(case, task="training")),
+        TransformerCase.describe,
+        max_examples=1,
+    )
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -16,7 +16,10 @@ models). It trains on the same byte-level text as muongate's own transformer
   forward passes (the MoE example uses it to leave an expert without tokens on one rank);
 - ``muongate_no_tokens``: what ``muongate_on_rank`` leaves without tokens, in words (e.g.
   ``("rank 1 sends no tokens to expert 0",)``): the model then also runs as an empty-expert
-  scenario (``gates/test_moe_gates.py``), and ``muongate_wrapping`` says how FSDP2 wraps it.
+  scenario (``gates/test_moe_gates.py``), and ``muongate_wrapping`` says how FSDP2 wraps it;
+- ``muongate_precision``: the step's mixed precision as ``harness.models.precision.Precision``'s
+  fields (``{"param": "bfloat16", "reduce": "float32"}``, ``{"autocast": "bfloat16"}``): FSDP2
+  lays the model out with that ``MixedPrecisionPolicy``, and the one-device side follows it.
 
 ``ModelCase`` is a ``harness.tasks.training.TrainingSpec``: picklable (the factory travels
 by reference), so every rank builds the same model.
@@ -36,6 +39,7 @@ from harness.algorithms import MUON
 from harness.candidates.loading import load_object
 from harness.cases.case import candidate_name
 from harness.models.corpus import held_out_bits, next_byte_loss
+from harness.models.precision import FULL, Precision
 from harness.models.transformer import TransformerCase
 
 _STYLES = ("colwise", "rowwise")
@@ -62,6 +66,8 @@ class ModelCase:
     empty: tuple[str, ...] = ()
     wrapping: str = "each block, then the whole model"
     variant: str = "as written"
+    #: what the step computes and reduces in (FSDP2's mixed-precision policy, autocast)
+    precision: Precision = FULL
 
     @property
     def reference(self) -> Any:
@@ -79,6 +85,10 @@ class ModelCase:
         if wrong:
             raise ValueError(f"--model {spec}: muongate_tp_plan styles {wrong} are not one of {_STYLES}")
         adamw = getattr(factory, "muongate_adamw_modules", None)
+        try:
+            precision = Precision(**getattr(factory, "muongate_precision", {}))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"--model {spec}: muongate_precision: {e}") from None
         return cls(
             spec,
             factory,
@@ -87,6 +97,7 @@ class ModelCase:
             tp_styles=tuple(sorted(plan.items())),
             empty=tuple(getattr(factory, "muongate_no_tokens", ())),
             wrapping=getattr(factory, "muongate_wrapping", cls.wrapping),
+            precision=precision,
         )
 
     @property
@@ -110,7 +121,8 @@ class ModelCase:
     def describe(self) -> str:
         return (
             f"ModelCase({self.spec}: world={self.world_size}, steps={self.steps}, batch {self.batch}x{self.seq} "
-            f"bytes per rank, seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)})"
+            f"bytes per rank, seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)}"
+            f"{self.precision.clause()})"
         )
 
     # -- harness.tasks.training.TrainingSpec --
@@ -123,9 +135,10 @@ class ModelCase:
         return model
 
     def shard(self, model: nn.Module, mesh: Any) -> None:
+        policy = self.precision.policy()
         for block in _blocks(model, self.blocks, self.spec):
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
 
     def tp_plan(self) -> dict[str, Any]:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel

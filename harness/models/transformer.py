@@ -28,6 +28,7 @@ from harness.algorithms import MUON
 from harness.cases.case import candidate_name
 from harness.models.corpus import held_out_bits, next_byte_loss
 from harness.models.moe import MoE
+from harness.models.precision import FULL, Precision
 
 Mlp = Literal["dense", "moe"]
 
@@ -56,13 +57,15 @@ class TransformerCase:
     #: the reference class it trains against (``harness.algorithms``): Muon, whose settings the
     #: defaults above are, unless a candidate of another family replaces both
     reference: Any = MUON.factory
+    #: what the step computes and reduces in (FSDP2's mixed-precision policy, autocast)
+    precision: Precision = FULL
 
     def describe(self) -> str:
         qkv = "fused QKV [3d, d]" if self.fused_qkv else "separate Q, K, V [d, d]"
         return (
             f"TransformerCase({self.name}: {self.layers} layers, d={self.dim}, {self.heads} heads, {self.mlp} MLP, "
             f"{qkv}, world={self.world_size}, steps={self.steps}, batch {self.batch}x{self.seq} bytes per rank, "
-            f"seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)})"
+            f"seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)}{self.precision.clause()})"
         )
 
     # -- harness.tasks.training.TrainingSpec --
@@ -89,9 +92,10 @@ class TransformerCase:
 
     def shard(self, model: nn.Module, mesh: Any) -> None:
         assert isinstance(model, Transformer)
+        policy = self.precision.policy()
         for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
 
     def loss(self, model: nn.Module, rank: int, step: int, device: torch.device) -> Tensor:
         """Cross-entropy (nats per byte) on ``rank``'s micro-batch of ``step`` (``next_byte_loss``)."""
