@@ -1,17 +1,19 @@
 """Known-wrong training steps around a correct optimizer: the layout, not the optimizer, is
-planted. Each declares one thing and does another, as the 2026 reports of mixed-precision
-frameworks describe; the training gates must catch every one."""
+planted. Each declares one step (``harness.models.step``) and lays the model out for another,
+as the 2026 reports against training frameworks describe (a narrower reduce dtype than the
+policy, a sum where a mean is due, a mean over the wrong group); the training gates must
+catch every one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
-from harness.models.precision import DTYPES
-from harness.models.transformer import Transformer, TransformerCase
+from harness.models.step import DTYPES
+from harness.models.transformer import TransformerCase
 
 
 @dataclass(frozen=True)
@@ -20,9 +22,33 @@ class NarrowReduceTransformer(TransformerCase):
     FSDP2 reducing in the parameters' bf16: the gradients' sum is rounded to bf16 once more."""
 
     def shard(self, model: nn.Module, mesh: Any) -> None:
-        assert isinstance(model, Transformer)
         dtype = DTYPES[self.precision.param or "float32"]
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+        self.wrap(model, mesh, MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype))
+
+
+@dataclass(frozen=True)
+class SummedReduceTransformer(TransformerCase):
+    """Declares FSDP2's mean over the ranks but sums: a hook on every FSDP2 module multiplies the
+    reduced gradient back by the world size (what a gradient divide factor of 1 does, which
+    gloo cannot run as NCCL's pre-multiplied sum)."""
+
+    def shard(self, model: nn.Module, mesh: Any) -> None:
+        self.wrap(model, mesh, self.precision.policy())
+        ranks = mesh.size()
+
+        def summed(reduced: Tensor) -> None:
+            reduced.mul_(ranks)
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(summed)
+
+
+@dataclass(frozen=True)
+class ShardGroupOnlyTransformer(TransformerCase):
+    """Declares HSDP over every rank but lays FSDP2 out on the shard dimension alone: each
+    replica steps on its own replicas' mean, never all-reduced across them (a data-parallel
+    wrapper over a group that leaves a dimension out)."""
+
+    def shard(self, model: nn.Module, mesh: Any) -> None:
+        self.wrap(model, mesh["shard"], self.precision.policy())

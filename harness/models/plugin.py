@@ -17,7 +17,7 @@ models). It trains on the same byte-level text as muongate's own transformer
 - ``muongate_no_tokens``: what ``muongate_on_rank`` leaves without tokens, in words (e.g.
   ``("rank 1 sends no tokens to expert 0",)``): the model then also runs as an empty-expert
   scenario (``gates/test_moe_gates.py``), and ``muongate_wrapping`` says how FSDP2 wraps it;
-- ``muongate_precision``: the step's mixed precision as ``harness.models.precision.Precision``'s
+- ``muongate_precision``: the step's mixed precision as ``harness.models.step.Precision``'s
   fields (``{"param": "bfloat16", "reduce": "float32"}``, ``{"autocast": "bfloat16"}``): FSDP2
   lays the model out with that ``MixedPrecisionPolicy``, and the one-device side follows it.
 
@@ -39,7 +39,7 @@ from harness.algorithms import MUON
 from harness.candidates.loading import load_object
 from harness.cases.case import candidate_name
 from harness.models.corpus import held_out_bits, next_byte_loss
-from harness.models.precision import FULL, Precision
+from harness.models.step import FULL, Precision
 from harness.models.transformer import TransformerCase
 
 _STYLES = ("colwise", "rowwise")

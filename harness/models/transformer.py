@@ -28,7 +28,7 @@ from harness.algorithms import MUON
 from harness.cases.case import candidate_name
 from harness.models.corpus import held_out_bits, next_byte_loss
 from harness.models.moe import MoE
-from harness.models.precision import FULL, Precision
+from harness.models.step import FULL, ONE, Accumulation, Precision
 
 Mlp = Literal["dense", "moe"]
 
@@ -59,13 +59,30 @@ class TransformerCase:
     reference: Any = MUON.factory
     #: what the step computes and reduces in (FSDP2's mixed-precision policy, autocast)
     precision: Precision = FULL
+    #: the micro-batches of a step and when FSDP2 reduces them
+    accumulation: Accumulation = ONE
+    #: HSDP's replicas: FSDP2 on a ``(replicate, shard)`` mesh; 1: on a 1-D mesh
+    replicate: int = 1
+
+    def __post_init__(self) -> None:
+        if self.replicate < 1 or self.world_size % self.replicate:
+            raise ValueError(
+                f"TransformerCase replicate={self.replicate}: HSDP's replicas must divide world_size={self.world_size}"
+            )
+        if self.accumulation.sync == "last_all_reduce" and self.replicate == 1:
+            raise ValueError(
+                "TransformerCase accumulation sync='last_all_reduce' with replicate=1: FSDP2 all-reduces "
+                "across replicas only under HSDP"
+            )
 
     def describe(self) -> str:
         qkv = "fused QKV [3d, d]" if self.fused_qkv else "separate Q, K, V [d, d]"
+        hsdp = f", HSDP {self.replicate} x {self.world_size // self.replicate}" if self.replicate > 1 else ""
         return (
             f"TransformerCase({self.name}: {self.layers} layers, d={self.dim}, {self.heads} heads, {self.mlp} MLP, "
             f"{qkv}, world={self.world_size}, steps={self.steps}, batch {self.batch}x{self.seq} bytes per rank, "
-            f"seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)}{self.precision.clause()})"
+            f"seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)}{self.precision.clause()}"
+            f"{self.accumulation.clause()}{hsdp})"
         )
 
     # -- harness.tasks.training.TrainingSpec --
@@ -91,8 +108,12 @@ class TransformerCase:
         return plan
 
     def shard(self, model: nn.Module, mesh: Any) -> None:
+        self.wrap(model, mesh, self.precision.policy())
+
+    @staticmethod
+    def wrap(model: nn.Module, mesh: Any, policy: Any) -> None:
+        """``fully_shard`` each block, then the whole model, on ``mesh`` (HSDP on a 2-D one) with ``policy``."""
         assert isinstance(model, Transformer)
-        policy = self.precision.policy()
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)

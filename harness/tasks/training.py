@@ -32,7 +32,7 @@ from harness.algorithms import reference_of
 from harness.cases.case import optimizer_settings
 from harness.compare import BITWISE, Tier, compare
 from harness.layouts import FSDP, FSDP_TP, Layout
-from harness.models.precision import precision_of
+from harness.models.step import accumulation_of, one_device_gradients, precision_of, replicas_of
 from harness.ranks import RankContext
 from harness.ranks.switches import hold
 from harness.tasks.common import (
@@ -182,6 +182,21 @@ def candidate_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Opt
     return factory_of(spec)(spec_groups(spec, model), **candidate_keywords(spec))
 
 
+def order_free(spec: TrainingSpec) -> bool:
+    """Whether every mean of the spec's reduction tree has at most two ranks (``harness.models.step``):
+    a mean of two does not depend on the order a backend takes them in, so the step is bitwise."""
+    replicas = replicas_of(spec)
+    return replicas <= 2 and spec.world_size // replicas <= 2
+
+
+def training_mesh(ctx: RankContext, spec: TrainingSpec) -> Any:
+    """The spec's mesh: 1-D over its ranks, or HSDP's ``(replicate, shard)``."""
+    replicas = replicas_of(spec)
+    if replicas == 1:
+        return mesh_for(ctx, (spec.world_size,))
+    return mesh_for(ctx, (replicas, spec.world_size // replicas))
+
+
 def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     """Trains both sides ``spec.steps`` steps; the comparisons, and the loss curve (the mean of
     the per-rank losses at each step, in bits per byte where the spec's loss is per byte)."""
@@ -189,24 +204,31 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     ref_model = spec.build().to(device)
     model = copy.deepcopy(ref_model)
     ref_opt = reference_optimizer(spec, ref_model)
-    spec.shard(model, mesh_for(ctx, (spec.world_size,)))
+    spec.shard(model, training_mesh(ctx, spec))
     opt = candidate_optimizer(spec, model)
-    precision = precision_of(spec)
-    tier = BITWISE if spec.world_size <= 2 else reduction_order(spec)
-    loss_tier = BITWISE if spec.world_size <= 2 else reduction_order_loss(spec)
+    precision, accumulation = precision_of(spec), accumulation_of(spec)
+    tier = BITWISE if order_free(spec) else reduction_order(spec)
+    loss_tier = BITWISE if order_free(spec) else reduction_order_loss(spec)
     records: list[Comparison] = []
     curve: list[float] = []
     held_out = [spec.evaluate(ref_model, device)]
     names = dict(model.named_parameters())
     for step in range(spec.steps):
         ref_losses = _reference_step_grads(ref_model, spec, step, device)
-        curve.append(float(sum(ref_losses)) / len(ref_losses) / math.log(2))
-        with precision.forward(device):
-            loss = spec.loss(model, ctx.rank, step, device)
-        loss.backward()
-        records.append(
-            compare(ref_losses[ctx.rank], loss.detach(), tensor="loss", step=step, rank=ctx.rank, tier=loss_tier)
+        curve.append(
+            float(sum(sum(r) for r in ref_losses)) / spec.world_size / accumulation.micro_batches / math.log(2)
         )
+        for micro in range(accumulation.micro_batches):
+            accumulation.before(model, micro)
+            with precision.forward(device):
+                loss = spec.loss(model, ctx.rank, _batch(spec, step, micro), device)
+            accumulation.scaled(loss).backward()
+            records.append(
+                compare(
+                    ref_losses[ctx.rank][micro], loss.detach(), tensor=_loss_name(spec, micro), step=step,
+                    rank=ctx.rank, tier=loss_tier,
+                )
+            )  # fmt: skip
         for name, ref_p in ref_model.named_parameters():
             grad = names[name].grad
             if grad is not None and ref_p.grad is not None:
@@ -229,6 +251,15 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     )
     routes = routes_of(reference_of(spec), declared, opt, ctx.rank)
     return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out}, routes)
+
+
+def _batch(spec: TrainingSpec, step: int, micro: int) -> int:
+    """The data index of a step's micro-batch: the step itself where a step has one."""
+    return step * accumulation_of(spec).micro_batches + micro
+
+
+def _loss_name(spec: TrainingSpec, micro: int) -> str:
+    return "loss" if accumulation_of(spec).micro_batches == 1 else f"loss[micro {micro}]"
 
 
 @dataclass(frozen=True)
@@ -343,20 +374,26 @@ def _whole(t: Tensor) -> Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, device: torch.device) -> list[Tensor]:
-    """Each rank's loss on the reference, computed and reduced in the spec's declared precision;
-    ``.grad`` becomes the mean of the per-rank gradients (``Precision.mean``)."""
-    precision = precision_of(spec)
+def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, device: torch.device) -> list[list[Tensor]]:
+    """Each rank's micro-batch losses on the reference, computed in the spec's declared precision;
+    ``.grad`` becomes their gradients reduced as the declared step reduces them
+    (``harness.models.step.one_device_gradients``)."""
+    precision, accumulation = precision_of(spec), accumulation_of(spec)
     computed = precision.computed_on(model)
-    grads, losses = [], []
+    grads: list[list[Any]] = []
+    losses: list[list[Tensor]] = []
     for rank in range(spec.world_size):
-        with precision.forward(device):
-            loss = spec.loss(computed, rank, step, device)
-        grads.append(torch.autograd.grad(loss, list(computed.parameters()), allow_unused=True))
-        losses.append(loss.detach())
+        grads.append([])
+        losses.append([])
+        for micro in range(accumulation.micro_batches):
+            with precision.forward(device):
+                loss = spec.loss(computed, rank, _batch(spec, step, micro), device)
+            scaled = accumulation.scaled(loss)
+            grads[rank].append(torch.autograd.grad(scaled, list(computed.parameters()), allow_unused=True))
+            losses[rank].append(loss.detach())
     params = list(model.parameters())
-    for p, mean in zip(params, precision.mean(grads, params), strict=True):
-        p.grad = mean
+    for p, grad in zip(params, one_device_gradients(grads, params, spec), strict=True):
+        p.grad = grad
     return losses
 
 

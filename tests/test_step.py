@@ -1,35 +1,58 @@
-"""Claims about ``harness.models.precision``: the one-device side follows a declared mixed
-precision as FSDP2 applies it, and a declaration FSDP2 could not mean is refused by name."""
+"""Claims about ``harness.models.step``: the one-device side follows a declared mixed precision,
+accumulation and HSDP mesh as FSDP2 reduces them, and a declaration FSDP2 could not mean is
+refused by name."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.models.precision import FULL, Precision
+from harness.models.step import FULL, Accumulation, Precision, one_device_gradients
 from harness.models.transformer import TransformerCase
-from harness.tasks.training import reduction_order, reduction_order_loss
+from harness.tasks.training import order_free, reduction_order, reduction_order_loss
 
 
 def _bf16(*values: float) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.bfloat16)
 
 
+def _mean(grads, param, **declared):
+    """``one_device_gradients`` of one parameter, ``grads[rank][micro]``."""
+    spec = TransformerCase("x", world_size=len(grads), **declared)
+    return one_device_gradients([[[g] for g in rank] for rank in grads], [param], spec)[0]
+
+
 def test_a_bf16_reduce_rounds_the_sum_that_a_float32_reduce_keeps():
     param = torch.zeros(1)
     grads = [[_bf16(1.0)], [_bf16(2**-8)]]  # 1 + 2^-8 needs 9 significant bits: bf16 keeps 8
-    assert Precision("bfloat16", "float32").mean(grads, [param])[0].item() == (1 + 2**-8) / 2
-    assert Precision("bfloat16").mean(grads, [param])[0].item() == 0.5
+    assert _mean(grads, param, precision=Precision("bfloat16", "float32")).item() == (1 + 2**-8) / 2
+    assert _mean(grads, param, precision=Precision("bfloat16")).item() == 0.5
 
 
 def test_the_mean_keeps_a_negative_zero_that_every_rank_gives():
-    mean = FULL.mean([[torch.tensor([-0.0])], [torch.tensor([-0.0])]], [torch.zeros(1)])[0]
+    mean = _mean([[torch.tensor([-0.0])], [torch.tensor([-0.0])]], torch.zeros(1))
     assert torch.signbit(mean).item(), "0.0 + -0.0 is +0.0: the sum must start from the first rank's gradient"
 
 
 def test_a_parameter_no_rank_reaches_gets_a_zero_mean_in_its_own_dtype():
-    mean = Precision("bfloat16", "float32").mean([[None], [None]], [torch.ones(2, 3)])[0]
+    mean = _mean([[None], [None]], torch.ones(2, 3), precision=Precision("bfloat16", "float32"))
     assert mean.dtype == torch.float32 and mean.shape == (2, 3) and not mean.any()
+
+
+def test_reducing_every_micro_batch_and_reducing_their_sum_round_differently_as_fsdp2_does():
+    # rank 0's micro-batches give 1 and 1, rank 1's 2^-24 and 2^-23 (float32 keeps 24 bits)
+    grads = [[torch.tensor([1.0]), torch.tensor([1.0])], [torch.tensor([2**-24]), torch.tensor([2**-23])]]
+    param = torch.zeros(1)
+    every = _mean(grads, param, accumulation=Accumulation(2, "every")).item()
+    last = _mean(grads, param, accumulation=Accumulation(2, "last")).item()
+    assert every == 1.0  # 0.5 + (0.5 + 2^-24): the last 2^-24 is half an ulp of 1, rounded to even
+    assert last == 1 + 2**-23  # (2 + 3·2^-24) / 2: 3·2^-24 is three quarters of an ulp of 2, rounded up
+
+
+def test_hsdp_means_within_each_replica_then_across_replicas():
+    param = torch.zeros(1)
+    grads = [[torch.tensor([v])] for v in (1.0, 3.0, 5.0, 7.0)]
+    assert _mean(grads, param, replicate=2).item() == ((1 + 3) / 2 + (5 + 7) / 2) / 2
 
 
 def test_the_one_device_forward_runs_on_a_cast_copy_and_leaves_the_masters_alone():
@@ -50,12 +73,26 @@ def test_autocast_wraps_the_forward_only_where_declared():
 
 
 @pytest.mark.parametrize(
-    ("fields", "named"),
-    [({"param": "float16"}, "param='float16'"), ({"reduce": "float32"}, "reduce='float32' without param")],
+    ("declare", "named"),
+    [
+        (lambda: Precision(param="float16"), "param='float16'"),
+        (lambda: Precision(reduce="float32"), "reduce='float32' without param"),
+        (lambda: Accumulation(0), "micro_batches=0"),
+        (lambda: Accumulation(2, "never"), "sync='never'"),
+        (lambda: TransformerCase("x", world_size=4, replicate=3), "replicate=3"),
+        (lambda: TransformerCase("x", accumulation=Accumulation(2, "last_all_reduce")), "only under HSDP"),
+    ],
 )
-def test_a_declaration_fsdp2_could_not_mean_is_refused_naming_the_field(fields, named):
+def test_a_declaration_fsdp2_could_not_mean_is_refused_naming_the_field(declare, named):
     with pytest.raises(ValueError, match=named):
-        Precision(**fields)
+        declare()
+
+
+@pytest.mark.parametrize(
+    ("world", "replicate", "bitwise"), [(2, 1, True), (4, 1, False), (4, 2, True), (8, 2, False), (8, 4, False)]
+)
+def test_the_step_is_held_bitwise_where_every_mean_is_of_at_most_two_ranks(world, replicate, bitwise):
+    assert order_free(TransformerCase("x", world_size=world, replicate=replicate)) is bitwise
 
 
 def test_the_policy_is_fsdp2s_own():
