@@ -2,7 +2,8 @@
 
     python -m benchmarks.main_job [--runs 3] [-- PYTEST ARGS…]
 
-Runs the README's main job (``pytest -m gate --nproc 2`` and any further arguments, into a
+Runs the README's main job (``pytest -m gate --nproc 2 -n 2`` and any further arguments, ``-n 0``
+for one session, into a
 scratch report directory) ``--runs`` times, with this module as a pytest plug-in that notes
 when each phase starts and ends, and prints each phase's median seconds and share of the
 wall-clock time, the slowest tests, and how busy the machine's cores were (the CPU time of
@@ -73,7 +74,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def _run(pytest_args: list[str], scratch: Path) -> dict[str, Any]:
     times = scratch / "times.json"
     env = {**os.environ, _TIMES: str(times)}
-    command = [sys.executable, "-m", "pytest", "-m", "gate", "--nproc", "2", "-q", "-p", "benchmarks.main_job",
+    command = [sys.executable, "-m", "pytest", "-m", "gate", "--nproc", "2", "-n", "2", "-q", "-p", "benchmarks.main_job",
                f"--gate-report={scratch / 'report'}", *pytest_args]  # fmt: skip
     before = _busy_idle()
     launched = time.time()

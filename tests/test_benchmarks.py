@@ -60,8 +60,9 @@ def test_optimizer_step_benchmark_runs_on_two_gloo_ranks_and_is_bitwise() -> Non
 @pytest.mark.slow
 def test_main_job_benchmark_names_each_phase_of_a_gate_session_and_how_busy_the_cores_were() -> None:
     run = run_python(
-        "-m", "benchmarks.main_job", "--runs", "1", "--", "-k", "uneven-7x5", timeout=300, cwd=REPO, env=repo_env()
-    )
+        "-m", "benchmarks.main_job", "--runs", "1", "--", "-n", "0", "-k", "uneven-7x5", timeout=300, cwd=REPO,
+        env=repo_env(),
+    )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     for phase in ("start-up", "collection", "the gates (test calls", "the report", "the rest"):
         assert f"  {phase}" in run.stdout, run.stdout
