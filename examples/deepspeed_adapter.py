@@ -19,6 +19,8 @@ What it declares, and why:
 - A parameter without a gradient steps on zeros (decayed, its state started), as DeepSpeed's
   engine does at every stage and its one-device ``MuonWithAuxAdam`` does ("force
   synchronization"); the one-device side is given zeros too (``missing_gradient="zeros"``).
+  At stages 1–3 only where no rank's loss reaches it: a parameter that one rank's loss reaches
+  and another's does not makes gloo abort the job (``needs_same_grads``; matrix finding 36).
 - Muon's ``ns_method``, ``"gram"`` and ``"standard"``, from 0.19.0 (the releases before take
   no such key and run ``"standard"``'s iteration).
 - AdamW is judged against ``reference.AdamW`` (torch's for-loop AdamW is its arithmetic).
@@ -395,6 +397,10 @@ def conventions(config: EngineConfig, release: Version = RELEASE) -> dict[str, A
     # stage 0 clips with deepspeed.runtime.utils.clip_grad_norm_ and drops it
     # (get_global_grad_norm() is None there), so its cells cannot be judged
     clip=lambda config: None if config.stage == 0 else "divide",
+    # ZeRO 1-3 reduce buckets of the gradients each rank produced: a parameter that one rank's
+    # loss reaches and another's does not desynchronizes them (matrix finding 36,
+    # examples/findings/deepspeed_rank_asymmetric_unused_parameter.py)
+    needs_same_grads=lambda config: config.stage >= 1,
     package=f"deepspeed=={RELEASE}",
 )
 def deepspeed_zero(model: nn.Module, config: EngineConfig, group: Any) -> DeepSpeedRun:

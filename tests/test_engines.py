@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import ENGINES, repo_env, run_pytest, run_python
 
 from harness.engines import Engine, LoadedEngine
@@ -382,3 +383,18 @@ def test_a_gradient_missing_on_some_ranks_counts_as_zeros_in_the_mean_and_is_ref
         replace(case, missing_on=tuple((0, r) for r in range(4)))
     with pytest.raises(ValueError, match="a parameter with a gradient and a rank of the case"):
         replace(case, missing_on=((0, 4),))
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_an_engine_that_needs_the_same_gradients_on_every_rank_gets_symmetric_cases_and_says_so(data: Any) -> None:
+    """``Engine.needs_same_grads``: its rank-asymmetric cases are narrowed to symmetric ones where
+    it says so (stage 1 here), while a parameter no rank's loss reaches is still drawn."""
+    declared = replace(FLAT.declared, stages={0, 1}, needs_same_grads=lambda config: config.stage == 1)
+    case = data.draw(engine_cases(FLAT.spec, declared, 2, checkpoint=False, asymmetric=True))
+    if case.stage == 1:
+        assert case.missing_on == () and "the same parameters" in case.describe()
+    else:
+        assert case.missing_on and not case.narrowed
+    with pytest.raises(ValueError, match="needs_same_grads=True: a function of the case's config"):
+        replace(FLAT.declared, needs_same_grads=True)

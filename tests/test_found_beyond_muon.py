@@ -92,6 +92,18 @@ def test_deepspeed_stage_0_bf16_steps_its_optimizer_once_before_training() -> No
     assert "stage 1, bf16: after one step the state counts 1 step(s)" in run.stdout
 
 
+@pytest.mark.slow
+def test_deepspeed_zero_1_to_3_abort_on_a_parameter_that_some_ranks_losses_do_not_reach() -> None:
+    _needs_deepspeed()
+    run = _run("deepspeed_rank_asymmetric_unused_parameter.py")
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    assert "stage 1, reduce_scatter on, every parameter on both ranks: trains" in run.stdout, run.stdout
+    assert "stage 0, reduce_scatter off, p0 reached on rank 1 only: trains" in run.stdout, run.stdout
+    for stage, scatter in ((1, "off"), (1, "on"), (2, "on"), (3, "off")):
+        assert f"stage {stage}, reduce_scatter {scatter}, p0 reached on rank 1 only: fails" in run.stdout, run.stdout
+    assert "collective mismatch" in run.stderr, run.stderr[-2000:]
+
+
 def test_deepspeed_drops_per_head_muon_at_stage_0_and_with_parameter_alignment() -> None:
     _needs_deepspeed()
     run = _run("deepspeed_per_head_muon_dropped.py")

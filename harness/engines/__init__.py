@@ -89,6 +89,12 @@ made; a bad one is a ``ValueError`` naming the field):
     ``needs_every_grad(config) -> bool``: the configs under which the engine needs a gradient for
     every parameter at every step (Megatron's ``overlap_grad_reduce`` asserts it); their cases
     give every parameter one, and say so. Default: none.
+``needs_same_grads``
+    ``needs_same_grads(config) -> bool``: the configs under which every rank's loss must reach
+    the same parameters (DeepSpeed's ZeRO 1–3, whose reduction buckets follow the gradients each
+    rank produced); a parameter without a gradient on every rank alike is still taken. Their
+    rank-asymmetric cases (``EngineCase.missing_on``) give the parameter its gradient on every
+    rank, and say so. Default: none.
 ``package``
     the package it drives (``"deepspeed==0.19.8"``): the matrix names it, and a gate session
     whose machine lacks it refuses the engine in one line (``LoadedEngine.refusal``).
@@ -199,6 +205,7 @@ class Engine:
     per_head: str | None = None
     clip: Callable[[EngineConfig], str | None] | None = None
     needs_every_grad: Callable[[EngineConfig], bool] | None = None
+    needs_same_grads: Callable[[EngineConfig], bool] | None = None
     package: str | None = None
     devices: Iterable[str] = frozenset({"cpu", "cuda"})
 
@@ -248,8 +255,9 @@ class Engine:
         put(self, "differences", {k: tuple(v) for k, v in self.differences.items()})
         if self.clip is not None and not callable(self.clip):
             raise ValueError(f"Engine clip={self.clip!r}: a function of the case's config, e.g. clip=lambda c: 'torch'")
-        if self.needs_every_grad is not None and not callable(self.needs_every_grad):
-            raise ValueError(f"Engine needs_every_grad={self.needs_every_grad!r}: a function of the case's config")
+        for name in ("needs_every_grad", "needs_same_grads"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"Engine {name}={getattr(self, name)!r}: a function of the case's config")
         if self.per_head is not None and (not isinstance(self.per_head, str) or "muon" not in self.optimizers):
             raise ValueError(f"Engine per_head={self.per_head!r}: the name of its Muon setting, and declare muon")
 

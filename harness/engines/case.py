@@ -448,6 +448,12 @@ def judged(case: EngineCase, declared: Engine) -> EngineCase:
         case = replace(
             case, no_grad=(), missing_on=(), narrowed=("every parameter has a gradient (the engine needs one here)",)
         )
+    if case.missing_on and declared.needs_same_grads is not None and declared.needs_same_grads(case.config):
+        case = replace(
+            case,
+            missing_on=(),
+            narrowed=("every rank's loss reaches the same parameters (the engine needs it here)",),
+        )
     return replace(
         case,
         against=declared.judged[case.optimizer],  # type: ignore[index]
