@@ -110,6 +110,38 @@ def test_the_relay_answers_every_callback_of_torch(release: str) -> None:
     assert not missing, f"torch {release} calls back {missing}, which the relay does not define"
 
 
+class _Recorder:
+    """Stands in for the relay's gloo group: records what each call was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def __getattr__(self, name: str):
+        def call(*args):
+            self.calls.append((name, len(args)))
+            return _Done()
+
+        return call
+
+
+class _Done:
+    def wait(self) -> bool:
+        return True
+
+
+def test_options_torch_hands_over_as_none_reach_gloo_as_its_default() -> None:
+    """torch 2.11's coalescing manager calls a Python group's coalesced all-gather with ``None``
+    options, which gloo's binding refuses (Megatron-core's distributed optimizer on one GPU, the
+    relay's first run there): the relay leaves them out, so gloo takes its default."""
+    relay = Relay.__new__(Relay)
+    relay._gloo = _Recorder()
+    out, x = torch.zeros(4), torch.ones(2)
+    relay.allgather_into_tensor_coalesced([out], [x], None)
+    relay.reduce_scatter_tensor_coalesced([torch.zeros(1)], [x], None)
+    relay.allreduce([x], None)
+    assert relay._gloo.calls == [("_allgather_base", 2), ("_reduce_scatter_base", 2), ("allreduce", 1)]
+
+
 def test_the_arrangement_is_said_only_where_ranks_share_through_the_relay() -> None:
     assert arrangement("gloo", ["cpu", "cpu"]) == "" and arrangement("nccl", ["cuda:0", "cuda:1"]) == ""
     said = arrangement(BACKEND, ["cuda:0"] * 4)

@@ -62,6 +62,13 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
+def _given(opts: Any) -> tuple[Any, ...]:
+    """A callback's options as gloo's binding takes them: torch 2.11's coalescing manager hands a
+    Python group ``None`` (Megatron-core's distributed optimizer met it), which the binding refuses
+    where its default would do."""
+    return () if opts is None else (opts,)
+
+
 def _hosts(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [_host(t) for t in tensors]
 
@@ -120,36 +127,36 @@ class Relay(dist.ProcessGroup):
 
     # -- whole lists of tensors -----------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._relay(tensors, lambda h: self._gloo.allreduce(h, opts))
+        return self._relay(tensors, lambda h: self._gloo.allreduce(h, *_given(opts)))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._relay(tensors, lambda h: self._gloo.allreduce_coalesced(h, opts))
+        return self._relay(tensors, lambda h: self._gloo.allreduce_coalesced(h, *_given(opts)))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._relay(tensors, lambda h: self._gloo.broadcast(h, opts))
+        return self._relay(tensors, lambda h: self._gloo.broadcast(h, *_given(opts)))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._relay(tensors, lambda h: self._gloo.reduce(h, opts))
+        return self._relay(tensors, lambda h: self._gloo.reduce(h, *_given(opts)))
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._relay(outputs, lambda h: self._gloo.allgather(h, _hosts(inputs), opts))
+        return self._relay(outputs, lambda h: self._gloo.allgather(h, _hosts(inputs), *_given(opts)))
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._relay(outputs, lambda h: self._gloo.gather(h, _hosts(inputs), opts))
+        return self._relay(outputs, lambda h: self._gloo.gather(h, _hosts(inputs), *_given(opts)))
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> dist.Work:
-        return self._relay(outputs, lambda h: self._gloo.scatter(h, [_hosts(i) for i in inputs], opts))
+        return self._relay(outputs, lambda h: self._gloo.scatter(h, [_hosts(i) for i in inputs], *_given(opts)))
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> dist.Work:
-        return self._relay(outputs, lambda h: self._gloo.reduce_scatter(h, [_hosts(i) for i in inputs], opts))
+        return self._relay(outputs, lambda h: self._gloo.reduce_scatter(h, [_hosts(i) for i in inputs], *_given(opts)))
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._relay(outputs, lambda h: self._gloo.alltoall(h, _hosts(inputs), opts))
+        return self._relay(outputs, lambda h: self._gloo.alltoall(h, _hosts(inputs), *_given(opts)))
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        self._gloo.barrier(opts).wait()
+        self._gloo.barrier(*_given(opts)).wait()
         return _Done([])
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
@@ -161,16 +168,16 @@ class Relay(dist.ProcessGroup):
 
     # -- one tensor in, one out (each release's names) ---------------------------------
     def _gather_one(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        return self._relay([output], lambda h: self._gloo._allgather_base(h[0], _host(input), opts))
+        return self._relay([output], lambda h: self._gloo._allgather_base(h[0], _host(input), *_given(opts)))
 
     def _scatter_one(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        return self._relay([output], lambda h: self._gloo._reduce_scatter_base(h[0], _host(input), opts))
+        return self._relay([output], lambda h: self._gloo._reduce_scatter_base(h[0], _host(input), *_given(opts)))
 
     def _to_all(
         self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
     ) -> dist.Work:
         return self._relay(
-            [output], lambda h: self._gloo.alltoall_base(h[0], _host(input), out_splits, in_splits, opts)
+            [output], lambda h: self._gloo.alltoall_base(h[0], _host(input), out_splits, in_splits, *_given(opts))
         )
 
     def _gather_each(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:

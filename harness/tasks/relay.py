@@ -13,6 +13,7 @@ and every rank of the pool takes part in making a group.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 from collections.abc import Callable
@@ -155,6 +156,31 @@ def _functional(group: Any, device: torch.device, rank: int, world: int) -> list
     return [funcol.wait_tensor(o) if hasattr(o, "wait") else o for o in outs]
 
 
+def _coalesced(group: Any, device: torch.device, rank: int, world: int) -> list[Tensor]:
+    """All-gathers and reduce-scatters inside ``_coalescing_manager``, as Megatron-core's
+    distributed optimizer issues a bucket group's; plain gloo, which cannot coalesce, runs them
+    one by one, which is what coalescing means."""
+    x = _inputs("coalesced", rank, 2 * world, 3).to(device)
+    gathered = [torch.empty(2 * world * world, 3, device=device), torch.empty(world, 3, device=device)]
+    scattered = [torch.empty(2, 3, device=device), torch.empty(2, 3, device=device)]
+
+    def coalescing() -> Any:
+        if dist.get_backend(group) == "gloo":
+            return contextlib.nullcontext()
+        return dist._coalescing_manager(group, async_ops=True)
+
+    with coalescing() as handles:
+        dist.all_gather_into_tensor(gathered[0], x, group=group)
+        dist.all_gather_into_tensor(gathered[1], x[:1], group=group)
+    with coalescing() as more:
+        dist.reduce_scatter_tensor(scattered[0], x, group=group)
+        dist.reduce_scatter_tensor(scattered[1], 3 * x, group=group)
+    for waited in (handles, more):
+        if waited is not None:
+            waited.wait()
+    return [*gathered, *scattered]
+
+
 def _dtensor(group: Any, device: torch.device, rank: int, world: int) -> list[Tensor]:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -221,6 +247,7 @@ CHECKS: dict[str, Check] = {
     "send/recv": _send_recv,
     "objects": _objects,
     "functional": _functional,
+    "coalesced": _coalesced,
     "DTensor 1-D": _dtensor,
 }
 
