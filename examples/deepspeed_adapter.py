@@ -52,7 +52,8 @@ What it declares, and why:
   matrix whole.
 
 What the adapter sets, as a user on a CPU machine would: the CPU accelerator where no GPU
-is seen, ``LOCAL_RANK``, no shared-memory all-reduce op (it is built at start-up where a
+is seen, ``LOCAL_RANK`` (the rank's GPU where there are GPUs: ranks that share one card share its
+index), no shared-memory all-reduce op (it is built at start-up where a
 compiler is present, and only inference uses it), ``"gradient_clipping"`` the case's max norm,
 0 where the case does not clip (DeepSpeed's default clips at 1.0); the clipping cells
 (``clip``: the ZeRO optimizers divide by the clip ratio; stage 0 reports no norm), and ``torch.compile`` off in the processes
@@ -186,7 +187,10 @@ class DeepSpeedRun:
                 f"DeepSpeed talks over the default process group ({dist.get_world_size()} ranks), and the case's "
                 f"group has {dist.get_world_size(group)}: run its cases on every rank"
             )
-        os.environ["LOCAL_RANK"] = str(dist.get_rank())
+        # the GPU DeepSpeed's engine sets as its device: one of the node's, shared where ranks
+        # outnumber them (muongate's relay on one card), as the pool placed this rank
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        os.environ["LOCAL_RANK"] = str(dist.get_rank() % gpus if gpus else dist.get_rank())
         self.config = config
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config={**ds_config(config), **self.extra_config}
