@@ -47,7 +47,7 @@ class SummedReduceTransformer(TransformerCase):
 @dataclass(frozen=True)
 class ShardGroupOnlyTransformer(TransformerCase):
     """Declares HSDP over every rank but lays FSDP2 out on the shard dimension alone: each
-    replica steps on its own replicas' mean, never all-reduced across them (a data-parallel
+    replica steps on its own replica's mean, never all-reduced across them (a data-parallel
     wrapper over a group that leaves a dimension out)."""
 
     def shard(self, model: nn.Module, mesh: Any) -> None:
