@@ -158,7 +158,10 @@ def test_hsdp_training_matches_single_process_reference_bitwise(gate_runner: Any
     "muongate: gates",
 )
 def test_accumulated_training_gate_catches_a_sum_where_a_mean_is_due(gate_runner: Any) -> None:
-    planted = SummedReduceTransformer("planted sum where a mean is due", steps=1, accumulation=Accumulation(2, "last"))
+    planted = SummedReduceTransformer(
+        "planted sum where a mean is due", steps=1, accumulation=Accumulation(2, "last"),
+        world_size=min(gate_config().nproc, 4),
+    )  # fmt: skip
     gate_runner.catch(
         "negative:training:accumulation:SummedReduceTransformer",
         st.just(planted),
@@ -192,8 +195,9 @@ def test_hsdp_training_gate_catches_a_mean_over_the_shard_group_only(gate_runner
 )
 def test_mixed_precision_training_gate_catches_a_reduction_in_bf16_under_an_fp32_policy(gate_runner: Any) -> None:
     planted = NarrowReduceTransformer(
-        "planted bf16 reduce under a float32-reduce policy", steps=1, precision=PRECISIONS["bf16-params-fp32-reduce"]
-    )
+        "planted bf16 reduce under a float32-reduce policy", steps=1, precision=PRECISIONS["bf16-params-fp32-reduce"],
+        world_size=min(gate_config().nproc, 4),
+    )  # fmt: skip
     gate_runner.catch(
         "negative:training:precision:NarrowReduceTransformer",
         st.just(planted),
