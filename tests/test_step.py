@@ -51,8 +51,10 @@ def test_reducing_every_micro_batch_and_reducing_their_sum_round_differently_as_
 
 def test_hsdp_means_within_each_replica_then_across_replicas():
     param = torch.zeros(1)
-    grads = [[torch.tensor([v])] for v in (1.0, 3.0, 5.0, 7.0)]
-    assert _mean(grads, param, replicate=2).item() == ((1 + 3) / 2 + (5 + 7) / 2) / 2
+    grads = [[torch.tensor([v])] for v in (1.0, 1.0, 2**-24, 2**-23)]  # replica 0: ranks 0, 1
+    # (1 + 1.5·2^-24) rounds up to 1 + 2^-23, halved; in rank order, 2 + 2^-24 + 2^-23 rounds to 2
+    assert _mean(grads, param, replicate=2).item() == 0.5 + 2**-24
+    assert _mean(grads, param).item() == 0.5
 
 
 def test_the_one_device_forward_runs_on_a_cast_copy_and_leaves_the_masters_alone():
