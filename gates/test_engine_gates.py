@@ -173,8 +173,7 @@ def test_engine_steps_a_parameter_that_has_a_gradient_on_some_ranks_only(gate_ru
     if _world() < 2:
         pytest.skip("engine:asymmetric: a gradient on some ranks only needs two ranks")
     gate_runner.subject = _subject()
-    declared = replace(engine.declared, dtypes={"float32"})
-    cases = engine_cases(engine.spec, declared, _world(), checkpoint=False, asymmetric=True)
+    cases = engine_cases(engine.spec, engine.declared, _world(), dtype="float32", checkpoint=False, asymmetric=True)
     gate_runner.check("engine:asymmetric", data.draw(cases), task="engine")
 
 

@@ -61,17 +61,20 @@ def test_training_learns_held_out_bits_per_byte_fall(gate_runner: Any) -> None:
 @pytest.mark.judges("the training gate, with a planted off-by-one shard boundary (negative control)", "muongate: gates")
 def test_training_gate_catches_off_by_one_shard_boundary(gate_runner: Any) -> None:
     planted = TransformerCase("planted off-by-one rows", steps=2, candidate=OffByOneRowsMuon)
-    gate_runner.catch(
-        "negative:training:OffByOneRowsMuon",
-        st.just(planted),
-        lambda case: differed(gate_runner.run(case, task="training")),
-        TransformerCase.describe,
-        max_examples=1,
-    )
+    _caught(gate_runner, "negative:training:OffByOneRowsMuon", planted)
 
 
 def _on(case: TransformerCase, world: int) -> TransformerCase:
     return replace(case, world_size=world)
+
+
+def _caught(gate_runner: Any, gate: str, planted: Any, task: str = "training") -> None:
+    """A planted training case (a known-wrong optimizer or layout), run once by ``task``: the
+    gate must find it differs."""
+    gate_runner.catch(
+        gate, st.just(planted), lambda case: differed(gate_runner.run(case, task=task)), type(planted).describe,
+        max_examples=1,
+    )  # fmt: skip
 
 
 # -- mixed precision: FSDP2's MixedPrecisionPolicy and autocast (harness/models/step.py) --
@@ -162,13 +165,7 @@ def test_accumulated_training_gate_catches_a_sum_where_a_mean_is_due(gate_runner
         "planted sum where a mean is due", steps=1, accumulation=Accumulation(2, "last"),
         world_size=min(gate_config().nproc, 4),
     )  # fmt: skip
-    gate_runner.catch(
-        "negative:training:accumulation:SummedReduceTransformer",
-        st.just(planted),
-        lambda case: differed(gate_runner.run(case, task="training")),
-        TransformerCase.describe,
-        max_examples=1,
-    )
+    _caught(gate_runner, "negative:training:accumulation:SummedReduceTransformer", planted)
 
 
 @pytest.mark.judges(
@@ -179,13 +176,7 @@ def test_hsdp_training_gate_catches_a_mean_over_the_shard_group_only(gate_runner
     if gate_config().nproc < 4:
         pytest.skip("needs --nproc 4")
     planted = ShardGroupOnlyTransformer("planted mean over the shard group only", steps=1, world_size=4, replicate=2)
-    gate_runner.catch(
-        "negative:training:hsdp:ShardGroupOnlyTransformer",
-        st.just(planted),
-        lambda case: differed(gate_runner.run(case, task="training")),
-        TransformerCase.describe,
-        max_examples=1,
-    )
+    _caught(gate_runner, "negative:training:hsdp:ShardGroupOnlyTransformer", planted)
 
 
 @pytest.mark.judges(
@@ -198,13 +189,7 @@ def test_mixed_precision_training_gate_catches_a_reduction_in_bf16_under_an_fp32
         "planted bf16 reduce under a float32-reduce policy", steps=1, precision=PRECISIONS["bf16-params-fp32-reduce"],
         world_size=min(gate_config().nproc, 4),
     )  # fmt: skip
-    gate_runner.catch(
-        "negative:training:precision:NarrowReduceTransformer",
-        st.just(planted),
-        lambda case: differed(gate_runner.run(case, task="training")),
-        TransformerCase.describe,
-        max_examples=1,
-    )
+    _caught(gate_runner, "negative:training:precision:NarrowReduceTransformer", planted)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -237,13 +222,7 @@ def test_training_twins_agree_bitwise_under_fsdp2_over_tensor_parallel(gate_runn
 )
 def test_training_twins_catch_off_by_one_shard_boundary(gate_runner: Any) -> None:
     planted = TwinsCase(TransformerCase("planted off-by-one rows, twins", steps=2, candidate=OffByOneRowsMuon))
-    gate_runner.catch(
-        "negative:training:twins:OffByOneRowsMuon",
-        st.just(planted),
-        lambda case: differed(gate_runner.run(case, task="twins")),
-        TwinsCase.describe,
-        max_examples=1,
-    )
+    _caught(gate_runner, "negative:training:twins:OffByOneRowsMuon", planted, task="twins")
 
 
 @pytest.mark.judges("the training-twins gate, with a planted AdamW bug (negative control)", "muongate: gates")
@@ -253,13 +232,7 @@ def test_training_twins_catch_an_adamw_that_decays_through_the_gradient(gate_run
     spec = TransformerCase(
         "planted L2 decay, twins", steps=2, candidate=L2DecayAdamW, reference=reference.AdamW, settings=()
     )
-    gate_runner.catch(
-        "negative:training:twins:L2DecayAdamW",
-        st.just(TwinsCase(spec)),
-        lambda case: differed(gate_runner.run(case, task="twins")),
-        TwinsCase.describe,
-        max_examples=1,
-    )
+    _caught(gate_runner, "negative:training:twins:L2DecayAdamW", TwinsCase(spec), task="twins")
 
 
 # -- a team's own model (``--model MODULE:FACTORY``, harness/models/plugin.py) --------------

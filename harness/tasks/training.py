@@ -92,12 +92,21 @@ class TrainingSpec(Protocol):
     def describe(self) -> str: ...
 
 
+def _reduced(spec: TrainingSpec) -> str:
+    """What the spec's gradients are computed and reduced in, as its tiers tell them apart: bf16
+    gradients summed in float32, a bf16 sum, or float32 throughout (autocast included)."""
+    precision = precision_of(spec)
+    if precision.param == "bfloat16" and precision.reduce == "float32":
+        return "bf16 grads, float32 reduce"
+    return "bf16" if (precision.reduce or precision.param) == "bfloat16" else "float32"
+
+
 def reduction_order(spec: TrainingSpec) -> Tier:
     """The tier of tensors beyond 2 ranks, where FSDP2 sums the per-rank gradients in its own
     order, by the dtype the spec declares its gradients are computed and reduced in."""
-    precision = precision_of(spec)
+    reduced = _reduced(spec)
     n = spec.world_size
-    if precision.param == "bfloat16" and precision.reduce == "float32":
+    if reduced == "bf16 grads, float32 reduce":
         return Tier(
             "reduction_order_bf16_grads_fp32_reduce",
             "tolerance",
@@ -107,7 +116,7 @@ def reduction_order(spec: TrainingSpec) -> Tier:
             "at step 0 (4 and 8 ranks)",
             max_rel_fro=1e-6,
         )
-    if (precision.reduce or precision.param) == "bfloat16":
+    if reduced == "bf16":
         return Tier(
             "reduction_order_bf16",
             "tolerance",
@@ -131,10 +140,10 @@ def reduction_order(spec: TrainingSpec) -> Tier:
 
 def reduction_order_loss(spec: TrainingSpec) -> Tier:
     """Losses beyond 2 ranks: the drift of the parameters barely moves them, except in bf16."""
-    precision = precision_of(spec)
-    if precision.param == "bfloat16" and precision.reduce == "float32":
+    reduced = _reduced(spec)
+    if reduced == "bf16 grads, float32 reduce":
         return replace(reduction_order(spec), name="reduction_order_bf16_grads_fp32_reduce_loss")
-    if (precision.reduce or precision.param) == "bfloat16":
+    if reduced == "bf16":
         return Tier(
             "reduction_order_bf16_loss",
             "tolerance",
@@ -206,9 +215,10 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     ref_opt = reference_optimizer(spec, ref_model)
     spec.shard(model, training_mesh(ctx, spec))
     opt = candidate_optimizer(spec, model)
-    precision, accumulation = precision_of(spec), accumulation_of(spec)
-    tier = BITWISE if order_free(spec) else reduction_order(spec)
-    loss_tier = BITWISE if order_free(spec) else reduction_order_loss(spec)
+    accumulation = accumulation_of(spec)
+    bitwise = order_free(spec)
+    tier = BITWISE if bitwise else reduction_order(spec)
+    loss_tier = BITWISE if bitwise else reduction_order_loss(spec)
     records: list[Comparison] = []
     curve: list[float] = []
     held_out = [spec.evaluate(ref_model, device)]
@@ -220,8 +230,7 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
         )
         for micro in range(accumulation.micro_batches):
             accumulation.before(model, micro)
-            with precision.forward(device):
-                loss = spec.loss(model, ctx.rank, _batch(spec, step, micro), device)
+            loss = forward_loss(spec, model, ctx.rank, _batch(spec, step, micro), device)
             accumulation.scaled(loss).backward()
             records.append(
                 compare(
@@ -251,6 +260,12 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     )
     routes = routes_of(reference_of(spec), declared, opt, ctx.rank)
     return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out}, routes)
+
+
+def forward_loss(spec: TrainingSpec, model: nn.Module, rank: int, batch: int, device: torch.device) -> Tensor:
+    """``rank``'s loss on micro-batch ``batch``, its forward run as the spec declares (``Precision.forward``)."""
+    with precision_of(spec).forward(device):
+        return spec.loss(model, rank, batch, device)
 
 
 def _batch(spec: TrainingSpec, step: int, micro: int) -> int:
@@ -333,9 +348,7 @@ def run_training_twins(ctx: RankContext, case: TwinsCase) -> TaskResult:
             last = micro == accumulate - 1
             for m in (model, twin):
                 m.set_requires_gradient_sync(last)  # type: ignore[operator]
-                with precision_of(spec).forward(device):
-                    loss = spec.loss(m, data_rank, step * accumulate + micro, device)
-                loss.backward()
+                forward_loss(spec, m, data_rank, step * accumulate + micro, device).backward()
         for name, p in twins.items():
             grad, cand = None if p.grad is None else _whole(p.grad), names[name].grad
             full[name].grad = grad
@@ -378,18 +391,17 @@ def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, devic
     """Each rank's micro-batch losses on the reference, computed in the spec's declared precision;
     ``.grad`` becomes their gradients reduced as the declared step reduces them
     (``harness.models.step.one_device_gradients``)."""
-    precision, accumulation = precision_of(spec), accumulation_of(spec)
-    computed = precision.computed_on(model)
+    accumulation = accumulation_of(spec)
+    computed = precision_of(spec).computed_on(model)
+    inputs = list(computed.parameters())
     grads: list[list[Any]] = []
     losses: list[list[Tensor]] = []
     for rank in range(spec.world_size):
         grads.append([])
         losses.append([])
         for micro in range(accumulation.micro_batches):
-            with precision.forward(device):
-                loss = spec.loss(computed, rank, _batch(spec, step, micro), device)
-            scaled = accumulation.scaled(loss)
-            grads[rank].append(torch.autograd.grad(scaled, list(computed.parameters()), allow_unused=True))
+            loss = forward_loss(spec, computed, rank, _batch(spec, step, micro), device)
+            grads[rank].append(torch.autograd.grad(accumulation.scaled(loss), inputs, allow_unused=True))
             losses[rank].append(loss.detach())
     params = list(model.parameters())
     for p, grad in zip(params, one_device_gradients(grads, params, spec), strict=True):
@@ -405,10 +417,8 @@ def warm_up(ctx: RankContext, spec: TrainingSpec) -> None:
     issues are not all supported under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on NCCL."""
     device = torch.device(ctx.device)
     model = spec.build().to(device)
-    spec.shard(model, mesh_for(ctx, (spec.world_size,)))
-    with precision_of(spec).forward(device):
-        loss = spec.loss(model, ctx.rank, 0, device)
-    loss.backward()
+    spec.shard(model, training_mesh(ctx, spec))
+    forward_loss(spec, model, ctx.rank, 0, device).backward()
 
 
 # -- training for its own sake (``python -m harness.train``) ---------------------------------
@@ -435,8 +445,7 @@ def train_steps(ctx: RankContext, payload: tuple[str, TrainingSpec, int, int]) -
     model, opt = _RUNS[run_id]
     losses = []
     for step in range(first, first + count):
-        with precision_of(spec).forward(device):
-            loss = spec.loss(model, ctx.rank, step, device)
+        loss = forward_loss(spec, model, ctx.rank, step, device)
         loss.backward()
         opt.step()
         opt.zero_grad()
