@@ -1,10 +1,11 @@
 """Cases per second through the whole gate path, and where the time goes.
 
-    python -m benchmarks.case_throughput [--nproc 2] [--cases 300] [--max-side 128]
+    python -m benchmarks.case_throughput [--nproc 2] [--cases 300] [--max-side 128] [--checkpoint]
 
 Draws optimizer cases with the gates' own strategy (one step, one to three matrices of
 sides up to ``--max-side``, world sizes 1..nproc), runs each on the pool and judges it,
-exactly as ``test_one_step_sharded_matches_reference_bitwise`` does. Reports cases per
+exactly as ``test_one_step_sharded_matches_reference_bitwise`` does (``--checkpoint``: the
+checkpoint gate's cases, as ``test_checkpoint_round_trip_continues_bitwise`` does). Reports cases per
 second and splits the time into hypothesis (drawing and bookkeeping in the parent), the
 round trip to the ranks (pickling, pipes, waiting), and what rank 0 spent inside the
 case by phase.
@@ -18,6 +19,7 @@ import time
 from collections import defaultdict
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis.strategies import SearchStrategy
 
 import reference
 from harness.algorithms import MUON
@@ -33,6 +35,7 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--cases", type=int, default=300)
     parser.add_argument("--max-side", type=int, default=128)
+    parser.add_argument("--checkpoint", action="store_true", help="the checkpoint gate's cases (a round trip each)")
     args = parser.parse_args()
 
     run_seconds: list[float] = []
@@ -49,11 +52,7 @@ def main() -> None:
             derandomize=True,
             suppress_health_check=list(HealthCheck),
         )
-        @given(
-            case=cases(
-                max_world=args.nproc, max_steps=1, max_params=3, max_side=args.max_side, adamw=False, algorithm=MUON
-            )
-        )
+        @given(case=_strategy(args))
         def one(case: Case) -> None:
             nonlocal failures
             start = time.perf_counter()
@@ -82,6 +81,16 @@ def main() -> None:
     print(f"  IPC, pickling, waiting for ranks       {(round_trips - inside) / n * 1e3:7.2f} ms")
     for phase, seconds in sorted(rank0.items(), key=lambda kv: -kv[1]):
         print(f"  rank 0: {phase:31} {seconds / n * 1e3:7.2f} ms")
+
+
+def _strategy(args: argparse.Namespace) -> SearchStrategy[Case]:
+    """The one-step gate's cases, or (``--checkpoint``) the checkpoint gate's: up to four steps
+    with a DCP round trip after one of them."""
+    if args.checkpoint:
+        return cases(
+            max_world=args.nproc, max_steps=4, max_params=3, max_side=args.max_side, algorithm=MUON, checkpoint=True
+        ).filter(lambda c: c.checkpoint_after)
+    return cases(max_world=args.nproc, max_steps=1, max_params=3, max_side=args.max_side, adamw=False, algorithm=MUON)
 
 
 if __name__ == "__main__":

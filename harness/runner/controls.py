@@ -4,6 +4,7 @@ caught; a control the gates pass on every example fails the test."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -30,10 +31,11 @@ def search(
     """Searches ``strategy`` for an example ``caught`` rejects (its reason, or ``None``), shrinks
     it, writes whether the minimal example is caught, and returns it; fails the test unless it is."""
     __tracebackhide__ = True
+    judged = _OncePerValue(caught)
     try:
         minimal = find(
             strategy,
-            lambda x: caught(x) is not None,
+            lambda x: judged(x) is not None,
             settings=settings(
                 max_examples=max_examples, database=None, derandomize=True, phases=[Phase.generate, Phase.shrink]
             ),
@@ -41,9 +43,32 @@ def search(
     except NoSuchExample:
         recorder.write(NegativeControl(gate, False, f"none of {max_examples} examples", "the gates passed every one"))
         fail(f"{gate}: the gates passed a known-wrong variant on all {max_examples} examples tried")
-    message = caught(minimal)
+    message = judged(minimal)
     record = NegativeControl(gate, message is not None, describe(minimal), message or "")
     recorder.write(record)
     if not record.detected:
         fail(f"{gate} was not detected on its own minimal example {record.case}")
     return minimal
+
+
+
+class _OncePerValue:
+    """``caught``, run once per distinct value (keyed by its pickle, what the ranks receive).
+    Hypothesis remembers the choices it tried, not the values they drew: while it shrinks,
+    many choices draw an example already judged, each another run on the ranks (a planted
+    hang another full wait; each hang control ran its one example three times), and the
+    minimal example was run once more for its message. A case's run is deterministic, so the
+    verdict is the same."""
+
+    def __init__(self, caught: Callable[[T], str | None]) -> None:
+        self._caught = caught
+        self._seen: dict[bytes, str | None] = {}
+
+    def __call__(self, value: T) -> str | None:
+        try:
+            key = pickle.dumps(value)
+        except Exception:  # nothing to key on: run it
+            return self._caught(value)
+        if key not in self._seen:
+            self._seen[key] = self._caught(value)
+        return self._seen[key]
