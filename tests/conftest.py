@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch  # noqa: F401  # before any pytester snapshot (below)
+import torch._dynamo  # noqa: F401
+import torch.distributed.checkpoint  # noqa: F401
+import torch.distributed.fsdp  # noqa: F401
+import torch.distributed.tensor  # noqa: F401
 from support import pythonpath
 
 #: pytester's in-process sessions take away, when they end, every module they imported; torch
@@ -17,6 +21,10 @@ from support import pythonpath
 #: segmentation fault), so a later in-process session that imported it again failed. Imported
 #: here, at collection, it is in every snapshot and stays (tests/test_plugin.py run in one
 #: process failed so on d7f4a17; CI's three workers happened to order the tests around it).
+#: So must the parts of torch that register operators when first imported (FSDP2 imports
+#: ``torch.distributed._symmetric_memory``, whose second import is "Only a single TORCH_LIBRARY
+#: can be used to register the namespace symm_mem"): tests/test_plugin.py, test_judging_candidates.py,
+#: test_impl_plugins.py and test_reports.py on two workers failed so, 1 to 3 tests a run, at 35c45b3.
 pytest_plugins = ["pytester"]
 
 _REPRODUCE = re.compile(r"^reproduce: (PYTHONPATH=.*)$", re.MULTILINE)
