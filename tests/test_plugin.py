@@ -12,6 +12,8 @@ its user chose."""
 from __future__ import annotations
 
 import ast
+import json
+from collections import Counter
 from xml.etree import ElementTree
 
 import pytest
@@ -168,6 +170,44 @@ def test_one_case(gate_runner):
     gate_runner.check("tiny", Case(params=(ParamSpec("w", (4, 4)),), world_size=2, mesh=(2,), reference=reference.Muon))
 """
 
+
+REPEATS_GATE = """
+import pytest
+from hypothesis import given, settings, strategies as st
+import reference
+from harness.cases import Case, ParamSpec
+from gates.negative_controls import LocalRowsMuon
+
+def case(side, candidate=None):
+    return Case(
+        params=(ParamSpec("w", (side, 4)),), world_size=2, mesh=(2,), reference=reference.Muon, candidate=candidate, mode=None
+    )
+
+@pytest.mark.gate
+@settings(max_examples=30)
+@given(case=st.integers(0, 1000).map(lambda i: case(4 + 2 * (i % 2))))  # many choices, two cases
+def test_two_cases(gate_runner, case):
+    gate_runner.check("two", case)
+
+@pytest.mark.gate
+@settings(max_examples=30)
+@given(case=st.sampled_from([case(6, LocalRowsMuon)]))
+def test_one_failing_case(gate_runner, case):
+    gate_runner.check("failing", case)
+"""
+
+
+@pytest.mark.slow
+def test_a_gate_runs_each_distinct_case_it_passes_once_and_a_failing_one_whenever_hypothesis_asks(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(test_repeats=REPEATS_GATE)
+    result = run_pytest(suite, "test_repeats.py", "--nproc", "2", timeout=180)
+    result.assert_outcomes(passed=1, failed=1)
+    records = [json.loads(line) for line in (suite.path / "gate-report" / "results.jsonl").read_text().splitlines()]
+    cases = Counter((r["gate"], r.get("status", "passed")) for r in records if r["kind"] == "case")
+    assert cases[("two", "passed")] == 2, cases
+    assert cases[("failing", "failed")] >= 2, cases  # found, then replayed by hypothesis as it shrinks and reports
 
 @pytest.mark.slow
 def test_gate_figures_reach_junit_xml_and_the_github_step_summary(
