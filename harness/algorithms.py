@@ -242,6 +242,33 @@ def family_of(factory: Any) -> Algorithm:
     return MUON if factory is MUON.factory else _declared(factory)
 
 
+def judged_family(named: Algorithm | None, spec: str | None, impl: Any, against: str) -> Algorithm:
+    """The family a session judges against: ``named`` (loaded from ``--reference spec``), else the
+    one the candidate ``impl`` declares, else Muon. Where they cannot go together, a
+    ``ValueError`` with the one line that says why and what to do."""
+    declared = impl.algorithm if impl is not None and impl.declares_reference else None
+    if named is None:
+        return declared or MUON
+    if named is NO_REFERENCE:
+        if impl is None or against != "self":
+            raise ValueError(
+                "--reference none judges a candidate against itself on one device only: "
+                "add --impl MODULE:FACTORY --against self"
+            )
+        return named
+    if declared is not None and declared.spec != named.spec:
+        raise ValueError(
+            f"--reference {spec} with --impl {impl.spec}, which declares reference {declared.spec}: drop --reference"
+        )
+    if impl is not None and (refused := named.unknown_causes(impl.differences)):
+        raise ValueError(f"--reference {spec} with --impl {impl.spec}: its Candidate {refused}")
+    if impl is None and named.factory is not MUON.factory and FAMILIES.get(named.spec) is None:
+        raise ValueError(
+            f"--reference {spec}: muongate ships no candidate of {named.name}; name one with --impl MODULE:FACTORY"
+        )
+    return named
+
+
 def built_in(algorithm: Algorithm) -> str:
     """``MODULE:FACTORY`` of the candidate muongate ships for ``algorithm`` (``FAMILIES``): what a
     case that names no candidate runs; a family without one is a ``ValueError`` naming it."""

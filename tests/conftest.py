@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch  # noqa: F401  # before any pytester snapshot (below)
-import torch._dynamo  # noqa: F401
-import torch.distributed.checkpoint  # noqa: F401
-import torch.distributed.fsdp  # noqa: F401
+import torch  # before any pytester snapshot (below)
+import torch._dynamo
+import torch.distributed.checkpoint
+import torch.distributed.fsdp
 import torch.distributed.tensor  # noqa: F401
 from support import pythonpath
 

@@ -225,16 +225,20 @@ WALLS = {
 def test_the_plugin_is_thin_its_session_object_holds_the_rest() -> None:
     """``harness.plugin`` is options, markers and fixtures: of harness it imports only its options,
     its session object (``GateSession``, which owns the plug-ins and the runner), where the ranks
-    run (``devices``: is this a torchrun rank) and the plug-ins an option registers beside it, each
-    a room of its own (``accepted``: ``--accept``). The verdict (exit status and report) is a
+    run (``devices``: is this a torchrun rank), the hypothesis profiles (``profiles``) and the
+    plug-ins an option registers beside it, each a room of its own (``accepted``: ``--accept``). The verdict (exit status and report) is a
     room of its own too, which the session makes and no other room reaches."""
     assert GRAPH["harness.plugin"] == {
         "harness.plugin.options",
         "harness.plugin.gate_session",
         "harness.plugin.devices",
+        "harness.plugin.profiles",
         "harness.plugin.accepted",
     }
     assert GRAPH["harness.plugin.gate_session"] & {"reports.terminal", "reports.diff", "reports.markdown"} == set()
+    # which family a session judges against is the family registry's rule (``judged_family``),
+    # and loading the plug-ins is ``harness.plugin.resolve``'s: the session object decides neither
+    assert GRAPH["harness.plugin.gate_session"] & {"harness.algorithms", "harness.candidates"} == set()
     reaching = {m for m, deps in GRAPH.items() if "harness.plugin.verdict" in deps}
     assert reaching == {"harness.plugin.gate_session"}, reaching
 

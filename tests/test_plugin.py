@@ -342,7 +342,8 @@ def test_an_unrelated_session_imports_nothing_of_muongate_but_the_plugin_its_opt
     other_project: pytest.Pytester,
 ) -> None:
     """What the plug-in costs another project's session is its import: the plug-in, its options
-    and its session object's rooms (the session, where ranks run, the verdict), nothing else of
+    and its session object's rooms (the session, where ranks run, the profiles, what it resolves, the
+    verdict), nothing else of
     muongate and no torch (how long that takes is measured by ``python -m benchmarks.plugin_startup``,
     not here)."""
     other_project.makepyfile(test_modules=MUONGATE_MODULES_TEST)
@@ -354,6 +355,8 @@ def test_an_unrelated_session_imports_nothing_of_muongate_but_the_plugin_its_opt
         "harness.plugin.devices",
         "harness.plugin.gate_session",
         "harness.plugin.options",
+        "harness.plugin.profiles",
+        "harness.plugin.resolve",
         "harness.plugin.verdict",
     ]
     assert f"imported: {imported}\n" in result.stdout.str()

@@ -30,14 +30,9 @@ from typing import Any
 import pytest
 
 from harness.plugin.devices import launched_by_torchrun
-from harness.plugin.gate_session import (
-    DEFAULT_PROFILE,
-    GATES,
-    GateConfig,
-    GateSession,
-    register_gate_ci_profile,
-)
+from harness.plugin.gate_session import GATES, GateConfig, GateSession
 from harness.plugin.options import add_options, check_options
+from harness.plugin.profiles import DEFAULT_PROFILE, register_gate_ci_profile
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -156,6 +151,4 @@ def gate_runner(request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def gate_model(request: pytest.FixtureRequest) -> Any:
     """The ``--model`` factory's model as a training spec (``harness.models.plugin.ModelCase``), or ``None``."""
-    session = session_of(request.config)
-    session.resolve()
-    return session.model
+    return session_of(request.config).resolve().model

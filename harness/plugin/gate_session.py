@@ -1,12 +1,12 @@
 """One session of gates: the object the plug-in registers with pytest for each session
-(``harness.plugin.pytest_configure``), which owns everything the session resolves and runs:
-the pool's size and devices (asked of ``harness.plugin.devices``), the
-``--impl``/``--reference``/``--engine``/``--kernel``/``--model`` and ``--layout-from`` plug-ins,
-the hypothesis profile, the runner and its stream, and the skips on their way to it. The exit
-status and the report at the end are the verdict's (``harness.plugin.verdict``), a plug-in of its
-own that this object makes and the plug-in registers beside it. Its methods are the session's
-pytest hooks; nothing of it lives at module level, so that a session pytester starts inside
-another has an object of its own.
+(``harness.plugin.pytest_configure``), which holds what the session resolved and runs and
+answers its pytest hooks. Each job beside that is a room of its own: the hypothesis profile
+(``harness.plugin.profiles``), where the ranks run (``harness.plugin.devices``), the plug-ins
+and the family judged against (``harness.plugin.resolve``, whose family rule is
+``harness.algorithms.judged_family``), and the exit status and report at the end
+(``harness.plugin.verdict``, a plug-in this object makes and the plug-in registers beside it).
+Nothing of it lives at module level, so that a session pytester starts inside another has an
+object of its own.
 
 Torch, the profile, the devices and the plug-ins wait for the first sign that the session runs
 gates: an option only gates use (``--nproc``, ``--impl``…) or arguments that name muongate's
@@ -21,44 +21,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 
-from harness.plugin.devices import is_xdist_controller, launched_by_torchrun, resolve_device, xdist_worker
-from harness.plugin.options import PROFILE_VARIABLE
+from harness.plugin import profiles
+from harness.plugin.devices import is_xdist_controller, launched_by_torchrun, xdist_worker
+from harness.plugin.resolve import Resolved, resolve
 from harness.plugin.verdict import Verdict
-
-# Profiles are only registered here; a session that runs gates loads one (``GateSession.choose_profile``).
-# Distributed cases take milliseconds to seconds, so hypothesis's per-example deadline is off;
-# the pool's own deadline bounds each case. "ci" is derandomized so CI runs are repeatable.
-# No explain phase: it re-runs a failing case about a hundred times more to annotate
-# hypothesis's drawn case (30.6 s of a 43 s cause-gate session that found a bug), and the
-# report prints the case as it ran with the fields that differ from the defaults;
-# --hypothesis-explain brings it back.
-_BASE = settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-)
-settings.register_profile("dev", _BASE, max_examples=20)
-settings.register_profile("thorough", _BASE, max_examples=2000)
-DEFAULT_PROFILE = "ci"
-
-
-def register_gate_ci_profile() -> None:
-    """Registers muongate's ``ci`` profile (200 examples, derandomized, no deadline).
-
-    Only where gates run, never at import: hypothesis has a ``ci`` profile of its own, which
-    it loads by itself where the ``CI`` variable is set, and registering a profile under the
-    name that is loaded loads it, so that every other project's tests on a CI machine with
-    muongate installed would run on muongate's settings."""
-    settings.register_profile(DEFAULT_PROFILE, _BASE, max_examples=200, derandomize=True)
 
 
 @dataclass(frozen=True)
@@ -94,16 +68,8 @@ class GateSession:
         self.nproc = nproc
         #: whether the session was seen to run gates (the profile is chosen then, once)
         self.gates_seen = False
-        #: whether the devices and plug-ins are resolved (once, on the first sign of gates)
-        self.resolved = False
-        self.backend = ""
-        self.devices: list[str] = []
-        self.impl: Any = None
-        self.algorithm: Any = None
-        self.engine: Any = None
-        self.replay: Any = None
-        self.kernel: Any = None
-        self.model: Any = None
+        #: the devices and plug-ins, once resolved (on the first sign of gates; ``resolve``)
+        self.parts: Resolved | None = None
         #: the runner, from the ``gate_runner`` fixture's start until the session ends
         self.runner: Any = None
         #: the pytest session, from its finish: under torchrun its exit status is the rank's
@@ -129,173 +95,30 @@ class GateSession:
         and the replay. Imports nothing a session without a candidate has not imported: a session
         that runs no gates (this repository's tests) reads it too, and pytester's inner sessions
         take away what they imported, torch included, which must not be imported twice."""
-        thresholds: tuple[int, ...] = ()
-        if self.impl is not None:
-            from harness.candidates import declaration_of
-
-            thresholds = tuple(declaration_of(self.impl.factory).thresholds)
+        parts = self.parts
+        if parts is None:
+            return GateConfig(nproc=self.nproc)
         return GateConfig(
             nproc=self.nproc,
-            algorithm=self.algorithm,
-            thresholds=thresholds,
-            engine=self.engine,
-            replay=self.replay,
-            device=self.device_kind,
+            algorithm=parts.algorithm,
+            thresholds=parts.thresholds,
+            engine=parts.engine,
+            replay=parts.replay,
+            device=parts.device_kind,
         )
-
-    @property
-    def device_kind(self) -> str:
-        """What the ranks compute on, ``"cpu"`` or ``"cuda"`` (``"cpu"`` until resolved)."""
-        return self.devices[0].split(":")[0] if self.devices else "cpu"
 
     # -- resolving the session, once ---------------------------------------------------------------
     def choose_profile(self) -> None:
-        """Loads the gates' hypothesis profile, unless the user chose one: ``--hypothesis-profile``
-        (hypothesis's plugin loads it), ``MUONGATE_HYPOTHESIS_PROFILE``, or one their conftest
-        loaded; else ``ci``."""
-        if self.gates_seen:
-            return
-        self.gates_seen = True
-        current = settings.get_current_profile_name()
-        register_gate_ci_profile()  # where hypothesis had loaded its own ci (a CI machine), ours replaces it
-        if self.config.getoption("hypothesis_profile", None):
-            pass
-        elif os.environ.get(PROFILE_VARIABLE):
-            _load_profile(os.environ[PROFILE_VARIABLE])
-        elif current in ("default", DEFAULT_PROFILE) or current.startswith("default-with-"):
-            _load_profile(DEFAULT_PROFILE)
-        _fix_seed(self.config)
-        if launched_by_torchrun():
-            # Every rank must draw the same examples in the same order: no randomness, no database.
-            settings.register_profile("torchrun", settings.default, derandomize=True, database=None)
-            settings.load_profile("torchrun")
+        """The gates' hypothesis profile, once (``profiles.choose``)."""
+        if not self.gates_seen:
+            self.gates_seen = True
+            profiles.choose(self.config)
 
-    def resolve(self) -> None:
-        """The devices and the plug-ins, once; any problem is a usage error."""
-        if self.resolved:
-            return
-        from harness.algorithms import MUON, built_in
-        from harness.candidates import Impl
-
-        config = self.config
-        self.backend, self.devices = resolve_device(config, self.nproc)
-        self.impl = self._load_plugin("impl", Impl.load, "MODULE:FACTORY")
-        if config.getoption("probe_undeclared"):
-            if self.impl is None:
-                raise pytest.UsageError("--probe-undeclared probes an --impl candidate: add --impl MODULE:FACTORY")
-            self.impl = self.impl.probing()
-        self.algorithm = self._algorithm()
-        if self.impl is None and self.algorithm.factory not in (MUON.factory, None):
-            # --reference alone: the family's own candidate, as if named (``FAMILIES``), so that
-            # what runs is judged and shown as that candidate, never as muongate's Muon
-            self.impl = Impl.load(built_in(self.algorithm))
-        if self.impl is not None:
-            self.impl = self.impl.judged_against(self.algorithm)
-        self.engine = self._engine()
-        self.replay = self._replay()
-        self.kernel = self._kernel()
-        self.model = self._model()
-        self.resolved = True
-
-    def _engine(self) -> Any:
-        from harness.engines import LoadedEngine
-
-        if self.config.getoption("engine") and self.config.getoption("impl"):
-            raise pytest.UsageError(
-                "--engine with --impl: the engine gates judge the engine's own optimizer, the others the candidate; use one"
-            )
-        engine = self._load_plugin("engine", LoadedEngine.load, "MODULE:FACTORY")
-        refused = engine.refusal(self.device_kind) if engine is not None else None
-        if refused:
-            raise pytest.UsageError(f"--engine {engine.spec}: {refused}")
-        return engine
-
-    def _replay(self) -> Any:
-        """``--layout-from=FILE`` as the cases the replay gate runs (``harness.replay``); a file that
-        cannot be read, or of which nothing can be replayed, is a usage error naming why."""
-        from harness.capture import CaptureError, load_capture
-        from harness.replay import replay
-
-        path = self.config.getoption("layout_from")
-        if path is None:
-            return None
-        try:
-            capture = load_capture(path)
-        except CaptureError as e:
-            raise pytest.UsageError(f"--layout-from {e}") from None
-        replayed = replay(capture, nproc=self.nproc, algorithm=self.algorithm)
-        if not replayed.meshes:
-            from reports.summary import unjudged_lines
-
-            why = unjudged_lines(replayed.unjudged)
-            raise pytest.UsageError("\n".join([f"--layout-from {path}: nothing of it can be replayed:", *why]))
-        return replayed
-
-    def _algorithm(self) -> Any:
-        """The session's reference (``harness.algorithms``): ``--reference``, else the one the
-        ``--impl`` candidate declares, else ``reference.Muon``; a conflict is a usage error."""
-        from harness.algorithms import FAMILIES, MUON, NO_REFERENCE, Algorithm
-
-        spec, impl = self.config.getoption("reference"), self.impl
-        declared = impl.algorithm if impl is not None and impl.declares_reference else None
-        if spec is None:
-            return declared or MUON
-        algorithm = self._load_plugin("reference", Algorithm.load, "MODULE:CLASS")
-        if algorithm is NO_REFERENCE:
-            if impl is None or self.config.getoption("against") != "self":
-                raise pytest.UsageError(
-                    "--reference none judges a candidate against itself on one device only: "
-                    "add --impl MODULE:FACTORY --against self"
-                )
-            return algorithm
-        if declared is not None and declared.spec != algorithm.spec:
-            raise pytest.UsageError(
-                f"--reference {spec} with --impl {impl.spec}, which declares reference {declared.spec}: drop --reference"
-            )
-        if impl is not None and (refused := algorithm.unknown_causes(impl.differences)):
-            raise pytest.UsageError(f"--reference {spec} with --impl {impl.spec}: its Candidate {refused}")
-        if impl is None and algorithm.factory is not MUON.factory and FAMILIES.get(algorithm.spec) is None:
-            raise pytest.UsageError(
-                f"--reference {spec}: muongate ships no candidate of {algorithm.name}; name one with --impl MODULE:FACTORY"
-            )
-        return algorithm
-
-    def _model(self) -> Any:
-        from harness.models.plugin import ModelCase
-
-        return self._load_plugin("model", ModelCase.load, "MODULE:FACTORY")
-
-    def _kernel(self) -> Any:
-        from harness.candidates import Kernel
-
-        if self.config.getoption("kernel") and self.config.getoption("impl"):
-            raise pytest.UsageError("--kernel with --impl: a plug-in optimizer brings its own Newton-Schulz; use one")
-        return self._load_plugin("kernel", Kernel.load, "MODULE:FN")
-
-    def _load_plugin(self, option: str, load: Callable[[str], Any], form: str) -> Any:
-        """``--option MODULE:NAME`` (or ``path/to/file.py:NAME``) loaded by ``load``; any error in
-        importing its module, or in its declaration, is a one-line usage error."""
-        from harness.candidates.loading import PluginImportError, import_spec, is_file_spec
-
-        config = self.config
-        spec = config.getoption(option)
-        if spec is None:
-            return None
-        try:
-            named = import_spec(option, spec, form)  # the loaders, and the ranks, import the module by its name
-        except PluginImportError as e:
-            raise pytest.UsageError(str(e)) from e
-        if is_file_spec(spec):
-            # The reproduce commands repeat this option, and run from any directory.
-            module_part, _, attr = spec.rpartition(":")
-            setattr(config.option, option, f"{Path(module_part).resolve()}:{attr}")
-        try:
-            return load(named)
-        except (ImportError, AttributeError, TypeError, ValueError) as e:
-            said = str(e).removeprefix(f"--{option} {spec}: ").removeprefix(f"--{option} {named}: ")  # they name it too
-            # a name the module lacks, or that is not of the form, gets the form; a declaration it refuses does not
-            where = "" if isinstance(e, ValueError) else f"; expected {form} importable from here"
-            raise pytest.UsageError(f"--{option} {spec}: {said}{where}") from e
+    def resolve(self) -> Resolved:
+        """The devices and the plug-ins, once (``harness.plugin.resolve``); any problem is a usage error."""
+        if self.parts is None:
+            self.parts = resolve(self.config, self.nproc)
+        return self.parts
 
     # -- the runner ----------------------------------------------------------------------------------
     def start_runner(self) -> Iterator[Any]:
@@ -309,7 +132,7 @@ class GateSession:
 
         config = self.config
         self.choose_profile()  # already done where collection saw the gate; not for a dynamic request
-        self.resolve()
+        parts = self.resolve()
         directory = config.getoption("gate_report")
         worker = xdist_worker(config)
         name = f"results-{worker}.jsonl" if worker else "results.jsonl"
@@ -320,16 +143,16 @@ class GateSession:
         stream = ResultStream(os.path.join(directory, name) if writes_report else None)
         timeout = config.getoption("case_timeout")
         pool: RankPool | LauncherGroup
-        replay = self.replay
+        replay = parts.replay
         grids = replay.grids if replay is not None else ()
         if torchrun:
-            pool = LauncherGroup(backend=self.backend, device=self.devices[0], timeout_s=timeout, grids=grids)
+            pool = LauncherGroup(backend=parts.backend, device=parts.devices[0], timeout_s=timeout, grids=grids)
         else:
             threads = config.getoption("rank_threads")
             pool = RankPool(
                 self.nproc,
-                backend=self.backend,
-                devices=self.devices,
+                backend=parts.backend,
+                devices=parts.devices,
                 case_timeout_s=timeout,
                 threads=threads,
                 grids=grids,
@@ -337,11 +160,11 @@ class GateSession:
             )
         tty = terminal() if writes_report else None
         progress = CaseProgress.start(tty) if tty is not None else None
-        impl, kernel = self.impl, self.kernel
+        impl, kernel = parts.impl, parts.kernel
         against = config.getoption("against")
         seed = config.getoption("hypothesis_seed", None)
         rerun = Rerun(
-            device=self.device_kind,
+            device=parts.device_kind,
             profile=settings.get_current_profile_name(),
             seed=None if seed is None else str(seed),
             model=config.getoption("model"),
@@ -351,26 +174,26 @@ class GateSession:
         )
         runner = GateRunner(
             pool, stream, launcher=torchrun, on_case=progress, impl=impl, kernel=kernel, against=against, rerun=rerun,
-            algorithm=self.algorithm,
+            algorithm=parts.algorithm,
         )  # fmt: skip
         runner.start(
             make_header(
-                backend=self.backend,
-                devices=self.devices,
+                backend=parts.backend,
+                devices=parts.devices,
                 nproc=self.nproc,
                 hypothesis_profile=settings.get_current_profile_name(),
                 hypothesis_seed=None if seed is None else str(seed),
                 impl=impl.spec if impl else "distributed_impl:ShardedMuon",
                 probed=impl.probed if impl else (),
-                reference=self.algorithm.spec,
+                reference=parts.algorithm.spec,
                 kernel=kernel.spec if kernel else None,
                 against=against,
-                engine=self.engine.spec if self.engine is not None else "",
+                engine=parts.engine.spec if parts.engine is not None else "",
                 replayed=replay.lines if replay is not None else (),
                 threads=None if torchrun else config.getoption("rank_threads"),
             )
         )
-        for part in self._unjudged_at_start():
+        for part in self._unjudged_at_start(parts):
             runner.write(part)
         self.runner = runner
         self._flush_skips()
@@ -404,22 +227,23 @@ class GateSession:
             return sorted(Path(self.config.getoption("gate_report")).glob("results-gw*.jsonl"))
         return []
 
-    def _unjudged_at_start(self) -> list[Any]:
+    def _unjudged_at_start(self, resolved: Resolved) -> list[Any]:
         """The ledger's parts known to go unjudged before any gate runs: each captured parameter the
         replay leaves out (named by the user: it fails the session), and each layout the candidate
         declares that no case at this ``--nproc`` can lay out (shown, with the ``--nproc`` it needs)."""
         from harness import layouts
         from reports.records import Unjudged
 
-        parts = list(self.replay.unjudged) if self.replay is not None else []
-        declared = sorted(self.impl.layouts) if self.impl is not None and not self.impl.probed else []
+        impl, replay = resolved.impl, resolved.replay
+        parts = list(replay.unjudged) if replay is not None else []
+        declared = sorted(impl.layouts) if impl is not None and not impl.probed else []
         for layout in map(layouts.named, declared):
             if layout.min_world > self.nproc:
                 reason = f"needs --nproc {layout.min_world}; no case of it runs at --nproc {self.nproc}"
                 parts.append(Unjudged(f"layout {layout.title}", reason, asked=False))
         return parts
 
-    def _header_lines(self) -> list[str]:
+    def _header_lines(self, parts: Resolved) -> list[str]:
         import hypothesis
         import torch
 
@@ -429,9 +253,9 @@ class GateSession:
 
         return [
             f"muongate {identity(muongate_version(), muongate_commit())}: torch {torch.__version__}, backend "
-            f"{self.backend} on {self.devices[0].split(':')[0]}, nproc {self.nproc}, hypothesis "
+            f"{parts.backend} on {parts.device_kind}, nproc {self.nproc}, hypothesis "
             f"{hypothesis.__version__} profile {settings.get_current_profile_name()}",
-            *[f"muongate ranks: {line}" for line in [arrangement(self.backend, self.devices)] if line],
+            *[f"muongate ranks: {line}" for line in [arrangement(parts.backend, parts.devices)] if line],
             f"muongate CPU: {cpu_line(self.config.getoption('rank_threads'))}",
         ]
 
@@ -440,7 +264,7 @@ class GateSession:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Where configure saw that the session runs gates, their profile, now that hypothesis's
         own plugin has loaded any ``--hypothesis-profile`` (and before the header shows it)."""
-        if self.resolved:
+        if self.parts is not None:
             self.choose_profile()
 
     def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> None:
@@ -471,7 +295,7 @@ class GateSession:
         """The engine gates (marked ``engine``) run under ``--engine``, and only they do: the other
         gates are deselected there, and the engine gates everywhere else, so that a session judges
         either an optimizer or an engine (and the main job runs no engine)."""
-        engine = self.engine is not None
+        engine = self.resolve().engine is not None
         keep: list[pytest.Item] = []
         drop: list[pytest.Item] = []
         for item in items:
@@ -483,18 +307,18 @@ class GateSession:
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         """The muongate line, where the arguments named the gates; otherwise it waits for collection."""
-        if not self.resolved:
+        if self.parts is None:
             return []
         self.header_shown = True
-        return self._header_lines()
+        return self._header_lines(self.parts)
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
         """The muongate line, after collection, for gates that the arguments did not name."""
-        if not self.resolved or self.header_shown:
+        if self.parts is None or self.header_shown:
             return []
         if config.get_verbosity() < 0 or config.getoption("no_header", False):
             return []  # where the header is not shown
-        return self._header_lines()
+        return self._header_lines(self.parts)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
@@ -540,9 +364,10 @@ class GateSession:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """A test marked ``judges`` did not run an ``--impl`` candidate: it never reports on one."""
         marker = item.get_closest_marker("judges")
-        if marker is not None and self.impl is not None:
+        impl = self.parts.impl if self.parts is not None else None
+        if marker is not None and impl is not None:
             alone = "--impl" if self.config.getoption("impl") else f"--reference {self.config.getoption('reference')}"
-            pytest.skip(f"judges {marker.args[0]}, not {self.impl.spec}; it runs without {alone}")
+            pytest.skip(f"judges {marker.args[0]}, not {impl.spec}; it runs without {alone}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:
@@ -595,31 +420,6 @@ def _says_it_runs_gates(config: pytest.Config) -> bool:
 def _is_gate(item: pytest.Item) -> bool:
     uses = getattr(item, "fixturenames", ())
     return item.get_closest_marker("gate") is not None or "gate_runner" in uses or "gate_model" in uses
-
-
-def _load_profile(name: str) -> None:
-    current = settings.get_current_profile_name()
-    if current.startswith("default-with-"):
-        # hypothesis's plugin derived the default profile for --hypothesis-verbosity or
-        # --hypothesis-explain before the gates were seen; derive ours the same way.
-        derived = name + current.removeprefix("default")
-        here = settings()  # the current profile's values
-        settings.register_profile(derived, settings.get_profile(name), verbosity=here.verbosity, phases=here.phases)
-        name = derived
-    settings.load_profile(name)
-
-
-def _fix_seed(config: pytest.Config) -> None:
-    """Under a profile that draws at random, a session without ``--hypothesis-seed`` gets one,
-    so that its reproduce commands draw the same cases."""
-    import random
-
-    from hypothesis import core
-
-    if not settings().derandomize and config.getoption("hypothesis_seed", None) is None:
-        seed = random.randrange(2**32)
-        config.option.hypothesis_seed = str(seed)
-        core.global_force_seed = seed  # type: ignore[assignment]  # as hypothesis's plugin does with --hypothesis-seed
 
 
 def _findings(failure: BaseException | None) -> list[BaseException]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
@@ -52,7 +52,7 @@ def search(
 
 
 
-class _OncePerValue:
+class _OncePerValue(Generic[T]):
     """``caught``, run once per distinct value (keyed by its pickle, what the ranks receive).
     Hypothesis remembers the choices it tried, not the values they drew: while it shrinks,
     many choices draw an example already judged, each another run on the ranks (a planted
