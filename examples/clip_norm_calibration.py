@@ -1,5 +1,5 @@
 """Measures how far correct and wrong gradient-norm clipping land from the float64 norm of the
-full gradients: the figures behind ``harness.compare.CLIP_NORM``.
+full gradients: the figures behind ``harness.verdicts.compare.CLIP_NORM``.
 
 Run: ``python examples/clip_norm_calibration.py --nproc 4 --cases 300`` (real process groups,
 gloo; the clipping gate's own cases, ``clip_cases``, the 2- and 1-norm).
@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from gates.clip_controls import CLIP_CONTROLS, UnplantedClipMuon
 from harness.algorithms import MUON
 from harness.cases import Case, clip_cases
-from harness.compare import CLIP_NORM
 from harness.ranks import RankPool
 from harness.runner import RANK_PRELOAD
 from harness.runner.dispatch import run_on
 from harness.tasks.clipping import norm_tier
+from harness.verdicts.compare import CLIP_NORM
 
 
 def drawn(nproc: int, count: int) -> list[Case]:

@@ -6,7 +6,7 @@ vectors), FSDP×TP, HSDP×TP and expert parallelism, empty pieces, gradients of 
 sizes, tied weights, and the 2-, inf- and 1-norm (``clip_cases``).
 
 The norm is judged against its float64 value in the tier of a summation order
-(``harness.compare.CLIP_NORM``); the infinity norm, a maximum, and every scaled gradient, bit
+(``harness.verdicts.compare.CLIP_NORM``); the infinity norm, a maximum, and every scaled gradient, bit
 for bit. ``torch.nn.utils.clip_grad_norm_`` is judged on its own (no ``--impl``); a candidate
 is judged on the ``clip`` it declares (``Candidate.clip``).
 

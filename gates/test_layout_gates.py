@@ -85,7 +85,7 @@ def _rowwise_cases(draw: st.DrawFn, candidate: Any) -> Case:
 def test_gram_partial_update_stays_in_its_calibrated_tier(gate_runner: Any, case: Case) -> None:
     """A candidate whose Newton–Schulz takes X Xᵀ from per-rank partial products and an
     all-reduce cannot be bitwise; its update is held to ``GRAM_PARTIAL`` instead, whose
-    bounds were measured between correct and wrong variants (``harness/compare.py``)."""
+    bounds were measured between correct and wrong variants (``harness/verdicts/compare.py``)."""
     if gate_config().nproc < 2:
         pytest.skip("a row-wise weight needs two ranks")
     gate_runner.check("tier:gram_partial", case, task="update")

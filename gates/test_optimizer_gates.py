@@ -29,10 +29,10 @@ import reference
 from harness.algorithms import MUON
 from harness.cases import Case, ParamSpec, cases, norm_tie_cases, session_cases
 from harness.cases.case import DType
-from harness.causes import FAMILIES, STEPS, NotSeparable, cause_tiers, shape_in
 from harness.layouts import fully_sharded
 from harness.session import drawn, gate_config
 from harness.tasks.optimizer import backward_model_case
+from harness.verdicts.causes import FAMILIES, STEPS, NotSeparable, cause_tiers, shape_in
 
 pytestmark = pytest.mark.gate
 
@@ -289,7 +289,7 @@ def test_a_candidate_with_a_declared_difference_stays_within_what_its_causes_exp
     """A candidate that declares why its arithmetic differs (``Candidate.differences``) fails
     the bitwise gates by design; here, after each of three steps, its parameter's change and
     its momentum buffer are held to the tiers calibrated on exactly those causes at the drawn
-    setting (``harness.causes``), so that an error beyond what they explain (a bug inside the
+    setting (``harness.verdicts.causes``), so that an error beyond what they explain (a bug inside the
     known difference, in a later step or in the state alone) fails."""
     gate_runner.algorithm_claim("tier:causes", "Muon's causes of difference, calibrated on its update")
     impl = gate_runner.impl

@@ -42,7 +42,7 @@ as class attributes, what the gates need to know about its algorithm:
     reference that declares none is not audited, and the gate says so.
 ``CAUSES`` (optional, default none)
     the causes of difference from its arithmetic that muongate emulates and calibrates a tier
-    for (``harness.causes``), by name, each with what it is. A candidate declares the ones its
+    for (``harness.verdicts.causes``), by name, each with what it is. A candidate declares the ones its
     arithmetic has (``Candidate.differences``); any other name is refused when it loads. Every
     family also has ``ANY_FAMILY``'s, which change no value. A subclass inherits its parent's.
 
@@ -72,7 +72,7 @@ NONE = "none"
 #: ``weight_decay``; heavyball's ``nesterov_form`` 0.76 from ``nesterov``)
 TYPO = 0.85
 #: the causes of difference of any family: they change no value, only a zero's sign, so their
-#: tier is equality in value (``harness.causes.SIGN_ONLY``)
+#: tier is equality in value (``harness.verdicts.causes.SIGN_ONLY``)
 ANY_FAMILY: dict[str, str] = {
     "signed_zero": (
         "a zero's sign set by where the element falls in torch's CPU kernel blocks (lerp_ at weight 1 on a -0.0 "

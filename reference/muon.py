@@ -608,7 +608,7 @@ MUON_DEFAULTS: dict[str, Any] = dict(
 #: (``Muon.DEFAULTS``), which is what every candidate is handed and the gates draw from: a
 #: param group holds one only where it was given.
 #: the causes of difference from this reference's arithmetic that muongate can emulate and
-#: calibrate a tier for (``harness.causes``), each with what it is: a candidate declares the ones
+#: calibrate a tier for (``harness.verdicts.causes``), each with what it is: a candidate declares the ones
 #: its arithmetic has (``Candidate.differences``), and a bitwise gate that differs judges it by them
 MUON_CAUSES: dict[str, str] = {
     "plain_quintic": "Newton–Schulz in the plain form B = b·A + c·(A@A); X = a·X + B@X, not addmm",
@@ -701,7 +701,7 @@ class Muon(torch.optim.Optimizer):
     DEFAULTS: ClassVar[dict[str, Any]] = MUON_DEFAULTS
     #: the settings taken beside ``DEFAULTS`` that express another Muon's arithmetic
     FORMS: ClassVar[dict[str, Any]] = FORM_DEFAULTS
-    #: the causes of difference muongate calibrates for its arithmetic (``harness.causes``)
+    #: the causes of difference muongate calibrates for its arithmetic (``harness.verdicts.causes``)
     CAUSES: ClassVar[dict[str, str]] = MUON_CAUSES
     #: the gates' claims that hold for this family alone: its update is Newton–Schulz's (the
     #: gathered and owner-split modes, the causes of difference), beside AdamW groups, with the

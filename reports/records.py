@@ -50,7 +50,7 @@ READS = (1, 2, 3)
 TierKind = Literal["bitwise", "tolerance", "oracle", "edge"]
 #: How a case ended. ``passed``: every comparison was bitwise or within its named tier;
 #: ``within causes``: it differs from the reference only where the candidate's declared causes
-#: reach, and within their calibrated tier (``harness.causes.judge_causes``), green;
+#: reach, and within their calibrated tier (``harness.verdicts.causes.judge_causes``), green;
 #: ``not judged``: it differs where no tier can judge it (a bf16 weight of such a candidate),
 #: neither green nor red; ``failed``: it ran and some comparison did not pass (or the gate's
 #: own verdict failed); ``hang``: ranks sat in collectives that could not complete;
@@ -176,7 +176,7 @@ class Header(Record):
 
 @dataclass(frozen=True)
 class Comparison(Record):
-    """One tensor of one step on one rank: the figures and the verdict (``harness.compare``)."""
+    """One tensor of one step on one rank: the figures and the verdict (``harness.verdicts.compare``)."""
 
     kind: ClassVar[str] = "comparison"
     tensor: str
@@ -203,7 +203,7 @@ class Comparison(Record):
     #: of a comparison that differed: ``‖actual − expected‖`` over this piece, and how far the
     #: expected piece moved from its start (a parameter's value before the first step; zero for
     #: a state), where the task gave one. Summed over the ranks' pieces, the two set a
-    #: difference against the change (``harness.causes.beyond_causes``).
+    #: difference against the change (``harness.verdicts.causes.beyond_causes``).
     diff_norm: float = 0.0
     change_norm: float = 0.0
 
@@ -360,10 +360,10 @@ def verdict_of(comparisons: Iterable[Comparison], against: str) -> bool | None:
 
 
 #: a case's figure: how many of its tensors lie far past what the candidate's declared causes
-#: explain (``harness.causes.beyond_causes``); such a case is a finding of its own kind
+#: explain (``harness.verdicts.causes.beyond_causes``); such a case is a finding of its own kind
 BEYOND_CAUSES = "beyond_causes"
 #: a case's figure: the largest fraction of its setting's cause tier that a tensor of a case
-#: ``within causes`` reached (``harness.causes.CauseVerdict.reach``)
+#: ``within causes`` reached (``harness.verdicts.causes.CauseVerdict.reach``)
 CAUSE_REACH = "cause_reach"
 
 
@@ -392,7 +392,7 @@ class Skip(Record):
 
 @dataclass(frozen=True)
 class Scenario(Record):
-    """What one MoE empty-expert scenario did (``harness.outcomes.classify``)."""
+    """What one MoE empty-expert scenario did (``harness.verdicts.outcomes.classify``)."""
 
     kind: ClassVar[str] = "scenario"
     gate: str

@@ -214,7 +214,7 @@ WALLS = {
         {"harness"},
         "a layout is a mesh and its builder, read by cases, tasks and runner alike",
     ),
-    "harness.compare": ({"harness"}, "comparing two tensors knows no case, candidate or rank"),
+    "harness.verdicts.compare": ({"harness"}, "comparing two tensors knows no case, candidate or rank"),
     "harness.algorithms": (
         {"harness.cases", "harness.runner", "harness.tasks", "harness.plugin", "harness.session"},
         "what a reference declares is read from the reference alone",

@@ -1,4 +1,4 @@
-"""Claims about ``harness.compare``: bitwise means the same bits, figures are right, and
+"""Claims about ``harness.verdicts.compare``: bitwise means the same bits, figures are right, and
 a comparison of nothing is flagged."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from harness.compare import Tier, compare, ordered_bits
+from harness.verdicts.compare import Tier, compare, ordered_bits
 
 
 def test_negative_zero_is_not_bitwise_positive_zero():

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.outcomes import classify
 from harness.ranks import RankContext, RankPool
 from harness.ranks.pool import _Stall
 from harness.ranks.stacks import main_thread_frames
 from harness.runner import RANK_PRELOAD
+from harness.verdicts.outcomes import classify
 
 
 def all_reduce_for(ctx: RankContext, payload: tuple[int, float]) -> int:

@@ -121,7 +121,7 @@ def test_a_bug_that_shows_at_a_later_step_or_in_the_state_alone_is_caught_inside
 
 
 def test_each_shape_family_draws_only_matrices_of_that_family() -> None:
-    from harness.causes import FAMILIES, family_of, shape_in
+    from harness.verdicts.causes import FAMILIES, family_of, shape_in
 
     for family in FAMILIES:
         for small in range(1, 33):
@@ -130,7 +130,7 @@ def test_each_shape_family_draws_only_matrices_of_that_family() -> None:
 
 
 def test_cause_tiers_separate_correct_from_wrong_variants_at_every_step_and_in_the_state_or_say_they_cannot() -> None:
-    from harness.causes import FLOOR, KINDS, MARGIN, STEPS, NotSeparable, cause_tiers
+    from harness.verdicts.causes import FLOOR, KINDS, MARGIN, STEPS, NotSeparable, cause_tiers
 
     fp32 = (("lr", 1.0), ("ns_dtype", "float32"), ("nesterov", False))
     tiers = cause_tiers(frozenset({"plain_quintic"}), fp32, "float32", "tall")
@@ -148,7 +148,7 @@ def test_cause_tiers_separate_correct_from_wrong_variants_at_every_step_and_in_t
 
 
 def test_normalizing_in_float32_first_is_a_cause_only_where_newton_schulz_runs_in_bf16() -> None:
-    from harness.causes import FLOOR, MARGIN, cause_tiers
+    from harness.verdicts.causes import FLOOR, MARGIN, cause_tiers
 
     fp32 = cause_tiers(frozenset({"fp32_normalize"}), (("lr", 1.0), ("ns_dtype", "float32")), "float32", "square")
     assert fp32[("update", 0)].max_rel_fro == MARGIN * FLOOR and "correct ≤ 0;" in fp32[("update", 0)].reason
@@ -161,7 +161,7 @@ def test_a_compiled_newton_schulz_is_a_cause_even_with_no_iteration_left() -> No
     causes at ``ns_steps=0`` on the H200 (0.00069 to 0.0039 of the update): Inductor keeps the
     norm in float32 where eager rounds it to bf16, which no iteration of the plain form explains.
     The fused emulation has its own reach there; the plain form's is the floor."""
-    from harness.causes import FLOOR, MARGIN, cause_tiers
+    from harness.verdicts.causes import FLOOR, MARGIN, cause_tiers
 
     at_zero = (("lr", 1.0), ("ns_dtype", "bfloat16"), ("ns_steps", 0))
     plain = cause_tiers(frozenset({"plain_quintic"}), at_zero, "float32", "square")
@@ -182,9 +182,9 @@ def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_
     it; a passing piece or a state of another name is neither; an AdamW matrix that differs is
     one no cause explains; a bf16 weight at a small lr, whose tier is wider than its change, and a
     backward's gradients, which the tiers were not measured on, are not judged."""
-    import harness.causes
+    import harness.verdicts.causes
     from harness.cases import Case, ParamSpec
-    from harness.causes import BEYOND, MARGIN, beyond_causes, correct_reach, judge_causes
+    from harness.verdicts.causes import BEYOND, MARGIN, beyond_causes, correct_reach, judge_causes
     from reports.records import Comparison
 
     settings = (("lr", 0.02), ("ns_dtype", "float32"), ("weight_decay", 0.1))
@@ -235,7 +235,9 @@ def test_a_difference_past_its_causes_tier_is_named_one_inside_it_is_within_and_
     wide = Case(
         params=(ParamSpec("w", (8, 8)),), settings=(("lr", 0.001), ("ns_dtype", "bfloat16")), reference=reference.Muon
     )
-    monkeypatch.setattr(harness.causes, "correct_reach", lambda *a: {("update", 0): 0.5, ("momentum_buffer", 0): 0.0})
+    monkeypatch.setattr(
+        harness.verdicts.causes, "correct_reach", lambda *a: {("update", 0): 0.5, ("momentum_buffer", 0): 0.0}
+    )
     (unsure,) = judge_causes(causes, wide, pieces("w", 0.9), "cpu").unjudged
     assert unsure.startswith("w.update step 0: 0.9 of its change") and "could not tell a missing update" in unsure
 
@@ -573,7 +575,7 @@ def test_signed_zeros_are_within_the_signed_zero_cause_and_any_value_that_differ
     without the cause declared nothing is excused."""
     import reference
     from harness.cases import Case, ParamSpec
-    from harness.causes import judge_causes
+    from harness.verdicts.causes import judge_causes
     from reports.records import Comparison
 
     case = Case(params=(ParamSpec("w", (4, 4)),), reference=reference.AdamW)

@@ -1,4 +1,4 @@
-"""Claims about measurements kept between sessions (``harness.kept``): a kept figure is served
+"""Claims about measurements kept between sessions (``harness.verdicts.kept``): a kept figure is served
 only for the same function, arguments, code, torch and device; keeping can be switched off;
 and a directory that cannot be written costs time, never a verdict."""
 
@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from harness import kept as kept_module
+from harness.verdicts import kept as kept_module
 
 MEASURED = """
 calls = []

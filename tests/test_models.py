@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from harness.models.moe import MoECase, round_robin
-from harness.outcomes import classify
 from harness.ranks import CaseOutcome, RankFailure
+from harness.verdicts.outcomes import classify
 from reports.records import Comparison
 
 
@@ -56,7 +56,7 @@ def test_classifier_names_each_outcome():
 
 
 def test_the_classifier_names_a_nan_difference_the_worst_wherever_it_came() -> None:
-    """A NaN against a number differs by NaN (``harness.compare``), which ``max`` alone drops or
+    """A NaN against a number differs by NaN (``harness.verdicts.compare``), which ``max`` alone drops or
     keeps by its place."""
     big = Comparison("w", (2, 2), bitwise=False, passed=False, max_abs_diff=0.5)
     nan = Comparison("v", (2, 2), step=1, bitwise=False, passed=False, max_abs_diff=float("nan"))

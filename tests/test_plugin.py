@@ -209,6 +209,7 @@ def test_a_gate_runs_each_distinct_case_it_passes_once_and_a_failing_one_wheneve
     assert cases[("two", "passed")] == 2, cases
     assert cases[("failing", "failed")] >= 2, cases  # found, then replayed by hypothesis as it shrinks and reports
 
+
 @pytest.mark.slow
 def test_gate_figures_reach_junit_xml_and_the_github_step_summary(
     suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch

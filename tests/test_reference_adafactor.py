@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.compare import compare
+from harness.verdicts.compare import compare
 from reference import Adafactor
 
 

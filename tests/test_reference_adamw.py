@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.compare import compare
+from harness.verdicts.compare import compare
 from reference import AdamW
 
 SHAPES = st.sampled_from([(), (1,), (7,), (4, 4), (33, 7), (2, 3, 5), (0, 3)])

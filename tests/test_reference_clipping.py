@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from harness.compare import compare
+from harness.verdicts.compare import compare
 from reference.clipping import clip_coefficient, clip_gradients, grad_norm
 
 
@@ -69,7 +69,7 @@ def test_deepspeed_s_divided_form_is_one_over_the_clip_ratio_and_an_unknown_form
 
 
 def test_the_fp32_norm_tier_widens_with_the_largest_tensor_and_keeps_its_name() -> None:
-    from harness.compare import CLIP_NORM, clip_norm_tier
+    from harness.verdicts.compare import CLIP_NORM, clip_norm_tier
 
     assert clip_norm_tier("float32", 48 * 48) is CLIP_NORM["float32"]
     wide = clip_norm_tier("float32", 2_049_024)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.compare import compare
+from harness.verdicts.compare import compare
 from reference import AdamW, LowBitAdamW, quantized
 
 SHAPES = st.sampled_from([(1,), (7,), (4, 4), (33, 7), (2, 3, 5)])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.compare import compare
+from harness.verdicts.compare import compare
 from reference.qk_clip import clip_factors, head_of_rows, qk_clip_
 
 

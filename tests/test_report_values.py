@@ -320,7 +320,7 @@ def test_a_failing_case_with_infinite_and_finite_differences_is_in_every_report_
 
 
 def test_a_nan_against_a_number_reads_nan_in_every_report_file(tmp_path: Path) -> None:
-    """``harness.compare`` gives a NaN against a number a max|diff| of NaN (it was inf, which
+    """``harness.verdicts.compare`` gives a NaN against a number a max|diff| of NaN (it was inf, which
     read as a number's difference); each file shows it as nan, after a finite one too."""
     nan = CaseResult(
         1, "one_step", "w[4] float32 · world 2", "failed", "2 of 2 comparisons failed", reproduce="pytest x",

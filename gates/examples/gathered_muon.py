@@ -6,7 +6,7 @@ the plain-form quintic (``B = b·A + c·A²; X = a·X + B·X``, as in Keller Jor
 version) rather than the reference's fused ``addmm`` form, and the lr scale multiplies
 the orthogonalized update before the lr does (one rounding more). It declares both causes, so
 against ``reference.Muon`` the bitwise gates judge its differences by their calibrated tier and
-are green, ``within causes`` (``harness.causes.judge_causes``); against itself on one device
+are green, ``within causes`` (``harness.verdicts.causes.judge_causes``); against itself on one device
 (``--against self``) it is bitwise, which is what shows that its sharding is right.
 
 The update goes through float32 and is rounded to the parameter's dtype once. Applied in
@@ -27,7 +27,7 @@ place before gathering it (the step's update is right; the state is not). And
 ``gathered_muon_unscaled_decay`` decays by ``weight_decay`` without the lr: the cause gate,
 without weight decay, cannot see it, and every bitwise gate fails by design anyway; a case
 with weight decay lies far past what the declared causes explain, a finding of its own
-(``harness.causes.beyond_causes``).
+(``harness.verdicts.causes.beyond_causes``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ does; ``(b·A + c·A²) X`` then needs only the local columns. Everything else i
 
 Correct, and not bitwise: the all-reduce sums in another order than one matrix product.
 ``gates/test_layout_gates.py`` holds its update to the calibrated tier
-``harness.compare.GRAM_PARTIAL``; ``gram_partial_local_gram_muon`` (the Gram left local, no
+``harness.verdicts.compare.GRAM_PARTIAL``; ``gram_partial_local_gram_muon`` (the Gram left local, no
 all-reduce) is the variant that tier must reject.
 """
 

@@ -17,7 +17,7 @@ algorithm.
 ``exp_avg.lerp_(grad, 1.0)`` is ``-0.0`` in the kernel's 16-element blocks and ``+0.0`` in the
 remainder, so one device and a shard hold zeros of other signs. The reference runs the same
 kernel: no value differs. The for-loop factories declare it, the cause ``signed_zero``
-(``harness/causes.py``), so that such a case is green within it, judged equal in value, and any
+(``harness/verdicts/causes.py``), so that such a case is green within it, judged equal in value, and any
 value that differs is red.
 """
 

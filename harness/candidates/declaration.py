@@ -47,7 +47,7 @@ checked when the declaration is made (a bad one is a ``ValueError`` naming the f
     ``signed_zero`` for any family), checked when ``--impl`` loads it and against the session's
     reference. A case of a bitwise gate that differs is then judged by the tier calibrated on exactly
     those causes at its own settings: green (``within causes``) inside it, red past it, and
-    ``not judged`` where no tier can tell (``harness.causes.judge_causes``); the cause gate holds
+    ``not judged`` where no tier can tell (``harness.verdicts.causes.judge_causes``); the cause gate holds
     its update and state to that tier over several steps.
 ``devices``
     the device types its ranks may run on, of ``cpu`` and ``cuda``; default both.

@@ -151,7 +151,7 @@ class Case:
     label: str = field(default="", compare=False)
     #: what ``Impl.adapt`` changed to fit the candidate's declarations, one note each
     narrowed: tuple[str, ...] = field(default=(), compare=False)
-    #: the tier the update task judges in (``None``: ``harness.compare.GRAM_PARTIAL``)
+    #: the tier the update task judges in (``None``: ``harness.verdicts.compare.GRAM_PARTIAL``)
     tier: Any = field(default=None, compare=False)
     #: the reference class it is judged against (``reference.Muon``, ``reference.AdamW``…, or
     #: ``harness.algorithms.NONE``), always named: no value stands for a family

@@ -18,7 +18,7 @@ allowed expert. Every scenario is therefore deterministic.
 
 An ``MoECase`` is a ``harness.training.TrainingSpec``: FSDP2 + the sharded Muon on
 per-rank micro-batches against a single-process reference fed the mean of the same
-per-rank gradients (``harness.tasks.training``); ``harness.outcomes`` names what a naive run did.
+per-rank gradients (``harness.tasks.training``); ``harness.verdicts.outcomes`` names what a naive run did.
 """
 
 from __future__ import annotations

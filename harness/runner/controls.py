@@ -51,7 +51,6 @@ def search(
     return minimal
 
 
-
 class _OncePerValue(Generic[T]):
     """``caught``, run once per distinct value (keyed by its pickle, what the ranks receive).
     Hypothesis remembers the choices it tried, not the values they drew: while it shrinks,

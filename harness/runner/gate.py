@@ -18,8 +18,6 @@ from hypothesis.control import currently_in_test_context
 from harness.candidates import Impl, Kernel
 from harness.cases import Case, ReshardCase
 from harness.cases.case import candidate_name
-from harness.causes import BEYOND, judge_causes
-from harness.outcomes import Classified
 from harness.ranks import LauncherGroup, RankPool
 from harness.reproduce import Rerun
 from harness.runner import controls, scenarios
@@ -32,6 +30,8 @@ from harness.runner.record import Recorder
 from harness.runner.routing import judge_routes
 from harness.tasks.common import declared_causes
 from harness.tasks.training import TrainingSpec
+from harness.verdicts.causes import BEYOND, judge_causes
+from harness.verdicts.outcomes import Classified
 from reports.records import (
     BEYOND_CAUSES,
     CAUSE_REACH,
@@ -156,7 +156,10 @@ class GateRunner:
         if exact and isinstance(case, Case):
             self.policy.exact(gate, self.adapt.narrowed(case))
         return self._once(
-            gate, task, case, lambda: self._verdict(gate, self.run(case, task=task), calibrated=task not in TASKS_OF_MODELS)
+            gate,
+            task,
+            case,
+            lambda: self._verdict(gate, self.run(case, task=task), calibrated=task not in TASKS_OF_MODELS),
         )
 
     def withstands(self, gate: str, case: Case) -> Ran:

@@ -8,13 +8,13 @@ from typing import Any, Protocol
 
 import pytest
 
-from harness.outcomes import HANG_DEADLINE_S, Classified, classify
 from harness.ranks import LauncherGroup, RankPool
 from harness.runner.findings import fail
 from harness.runner.ran import Ran
 from harness.runner.record import Recorder
 from harness.runner.routing import judge_routes
 from harness.tasks.training import TrainingSpec, warm_up
+from harness.verdicts.outcomes import HANG_DEADLINE_S, Classified, classify
 from reports.records import Routing, Scenario, Training
 
 

@@ -7,7 +7,7 @@ pieces where a layout leaves them. It is judged three ways, every rank on what i
 
 * ``clip.total_norm``: the norm it returned, against the float64 norm of the full gradients,
   each distinct parameter once (``reference.clipping.grad_norm``), both rounded to float32, in
-  the tier of a summation order (``harness.compare.CLIP_NORM``); the infinity norm, a maximum,
+  the tier of a summation order (``harness.verdicts.compare.CLIP_NORM``); the infinity norm, a maximum,
   bit for bit;
 * ``NAME.grad``: each piece it scaled, bit for bit against the full gradient scaled by the
   coefficient of the norm *it* returned (``clip_coefficient``), so that a wrong scale is red
@@ -31,9 +31,9 @@ from torch.distributed.tensor import DTensor
 
 from harness.candidates.declaration import declaration_of
 from harness.cases.case import Case
-from harness.compare import BITWISE, Tier, clip_norm_tier, compare
 from harness.tasks.common import compare_shard
 from harness.tasks.layouts import case_param
+from harness.verdicts.compare import BITWISE, Tier, clip_norm_tier, compare
 from reference.clipping import clip_coefficient, clip_gradients, grad_norm
 from reports.records import Comparison
 

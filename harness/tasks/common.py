@@ -15,9 +15,9 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from harness.algorithms import reference_of
 from harness.candidates.declaration import declaration_of
 from harness.cases.case import optimizer_settings
-from harness.compare import BITWISE, Tier, compare
 from harness.layouts import Layout, fully_sharded
 from harness.ranks import RankContext
+from harness.verdicts.compare import BITWISE, Tier, compare
 from reports.records import Comparison
 
 Factory = Callable[..., torch.optim.Optimizer]

@@ -27,12 +27,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 import reference
-from harness.compare import CLIP_NORM, compare
 from harness.engines import EngineRun, LoadedEngine
 from harness.engines.case import QUERY, EngineCase, GradientFeed
 from harness.ranks import RankContext
 from harness.tasks.common import param_groups
 from harness.tasks.result import TaskResult
+from harness.verdicts.compare import CLIP_NORM, compare
 from reference.clipping import clip_coefficient, clip_gradients, grad_norm
 from reports.records import Comparison
 

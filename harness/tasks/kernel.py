@@ -11,10 +11,10 @@ import reference
 from harness.candidates.kernel import orthogonalizer
 from harness.cases.case import KernelCase, KernelInput
 from harness.cases.tensors import generator, spectrum_matrix
-from harness.compare import Tier, compare
 from harness.ranks import RankContext
 from harness.ranks.switches import held
 from harness.tasks.result import TaskResult
+from harness.verdicts.compare import Tier, compare
 
 #: A kernel against the reference Newton–Schulz with the same coefficients, by dtype. Measured
 #: over 300 random shapes up to 48×48 (CPU): two correct kernels (a Polar Express and a plain-form

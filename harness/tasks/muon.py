@@ -15,12 +15,12 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 import reference
 from harness.cases.case import Case
 from harness.cases.tensors import generator, gradient, initial_param, spectrum_matrix
-from harness.compare import compare
 from harness.ranks import RankContext
 from harness.tasks.common import local_of, local_piece, mesh_for, shard_like, whole, whole_of_piece
 from harness.tasks.layouts import build_model, case_param
 from harness.tasks.result import TaskResult
 from harness.tasks.sides import by_name, candidate_side, kernel_of, only_reference
+from harness.verdicts.compare import compare
 
 
 @dataclass
@@ -60,11 +60,11 @@ def run_update_case(ctx: RankContext, case: Case) -> TaskResult:
     """One step from the case's weights; the update the candidate applied (new minus old
     weights, float32), gathered whole (DTensor's ``full_tensor``, or a candidate's own pieces
     put together: ``whole_of_piece``), against the
-    reference's, in the case's tier, or else ``harness.compare.GRAM_PARTIAL`` for its Newton–Schulz
+    reference's, in the case's tier, or else ``harness.verdicts.compare.GRAM_PARTIAL`` for its Newton–Schulz
     dtype (judged on rank 0: the tiers were calibrated on whole matrices, and a small piece's
     relative error is larger). With no weight decay the update is ``-lr·scale·O``, so the
     tier judges the orthogonalization itself."""
-    from harness.compare import GRAM_PARTIAL
+    from harness.verdicts.compare import GRAM_PARTIAL
 
     sides = _Sides.of(ctx, case)
     tensors, ref_by_name, mesh, params = sides.tensors, sides.ref_by_name, sides.mesh, sides.params
@@ -86,7 +86,7 @@ def run_cause_case(ctx: RankContext, case: Case) -> TaskResult:
     """``case.steps`` steps of the candidate and the reference from the case's weights; after
     each, rank 0 judges every parameter's change since the start (float32, gathered whole with
     DTensor's ``full_tensor`` or ``whole``) and its momentum buffer, where the candidate keeps
-    one, each in the case's tier for that tensor and step (``harness.causes.cause_tiers``:
+    one, each in the case's tier for that tensor and step (``harness.verdicts.causes.cause_tiers``:
     ``case.tier[(kind, step)]``). Every rank joins each gather."""
     sides = _Sides.of(ctx, case)
     tensors, ref, ref_by_name, opt, params = sides.tensors, sides.ref, sides.ref_by_name, sides.opt, sides.params

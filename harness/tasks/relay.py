@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from harness.compare import compare
 from harness.ranks import RankContext
+from harness.verdicts.compare import compare
 
 Check = Callable[[Any, torch.device, int, int], list[Tensor]]
 

@@ -103,7 +103,7 @@ def starts_of(case: Case, tensors: Sequence[Tensor]) -> dict[str, Tensor] | None
     """Each parameter's full value before the first step, where the case's candidate declares
     known differences (``Candidate.differences``): its comparisons then say how far the
     reference moved (``Comparison.change_norm``), so that a difference can be set against what
-    those causes explain (``harness.causes.beyond_causes``). ``None`` otherwise: a figure that
+    those causes explain (``harness.verdicts.causes.beyond_causes``). ``None`` otherwise: a figure that
     differs by piece would keep a bitwise comparison's row from being shared in the stream."""
     if not declared_causes(case):
         return None

@@ -30,7 +30,6 @@ from torch import Tensor, nn
 
 from harness.algorithms import reference_of
 from harness.cases.case import optimizer_settings
-from harness.compare import BITWISE, Tier, compare
 from harness.layouts import FSDP, FSDP_TP, Layout
 from harness.models.step import accumulation_of, one_device_gradients, precision_of, replicas_of
 from harness.ranks import RankContext
@@ -47,6 +46,7 @@ from harness.tasks.common import (
 )
 from harness.tasks.result import TaskResult
 from harness.tasks.routing import routes_of
+from harness.verdicts.compare import BITWISE, Tier, compare
 from reports.records import Comparison
 
 

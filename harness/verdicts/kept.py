@@ -1,6 +1,6 @@
 """Measurements kept between sessions, where a session would otherwise measure them afresh.
 
-The cause tiers (``harness.causes``) are measured on the gate's device, on random matrices
+The cause tiers (``harness.verdicts.causes``) are measured on the gate's device, on random matrices
 from a fixed seed: the same inputs, the same code and the same torch on the same machine give
 the same figures. Every session that judges a candidate with declared differences measured
 them again (about 2 s a setting on the 2-core CI machine, 32 settings: most of a minute per

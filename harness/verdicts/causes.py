@@ -52,8 +52,8 @@ import reference.muon as reference_muon
 from harness.algorithms import ANY_FAMILY, reference_of
 from harness.cases import case as case_module
 from harness.cases.case import Case, optimizer_settings
-from harness.compare import Tier
-from harness.kept import kept
+from harness.verdicts.compare import Tier
+from harness.verdicts.kept import kept
 from reports.records import Comparison
 
 #: the causes that change no value, only a zero's sign (``harness.algorithms.ANY_FAMILY``): their
@@ -270,7 +270,7 @@ def cause_tiers(
     """The tiers for ``causes`` at one setting (the group's ``settings``, the parameter's
     ``dtype``, the shape ``family``), measured on ``device`` between correct and wrong
     variants, one for each tensor of ``KINDS`` after each of ``STEPS`` steps. The measurement
-    is kept between sessions (``harness.kept``): the same code, torch and device measure the
+    is kept between sessions (``harness.verdicts.kept``): the same code, torch and device measure the
     same figures."""
     unknown = sorted(causes - reference.MUON_CAUSES.keys())
     if unknown:
