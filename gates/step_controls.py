@@ -1,8 +1,8 @@
 """Known-wrong training steps around a correct optimizer: the layout, not the optimizer, is
 planted. Each declares one step (``harness.models.step``) and lays the model out for another,
 as the 2026 reports against training frameworks describe (a narrower reduce dtype than the
-policy, a sum where a mean is due, a mean over the wrong group); the training gates must
-catch every one."""
+policy, a sum where a mean is due, a mean over the wrong group, a micro-batch dropped); the
+training gates must catch every one."""
 
 from __future__ import annotations
 
@@ -52,3 +52,18 @@ class ShardGroupOnlyTransformer(TransformerCase):
 
     def shard(self, model: nn.Module, mesh: Any) -> None:
         self.wrap(model, mesh["shard"], self.precision.policy())
+
+
+@dataclass(frozen=True)
+class DroppedMicroBatchTransformer(TransformerCase):
+    """Declares its micro-batches accumulated but clears the gradients before each one's forward
+    (an optimizer's ``zero_grad`` inside the accumulation loop, not after the step): every
+    micro-batch but the last is dropped, and the step is taken on one micro-batch's gradient."""
+
+    def shard(self, model: nn.Module, mesh: Any) -> None:
+        self.wrap(model, mesh, self.precision.policy())
+
+        def cleared(module: nn.Module, args: Any) -> None:
+            module.zero_grad(set_to_none=True)
+
+        model.register_forward_pre_hook(cleared)

@@ -26,7 +26,12 @@ from hypothesis import strategies as st
 import reference
 from gates.adamw_controls import L2DecayAdamW
 from gates.negative_controls import OffByOneRowsMuon
-from gates.step_controls import NarrowReduceTransformer, ShardGroupOnlyTransformer, SummedReduceTransformer
+from gates.step_controls import (
+    DroppedMicroBatchTransformer,
+    NarrowReduceTransformer,
+    ShardGroupOnlyTransformer,
+    SummedReduceTransformer,
+)
 from harness.layouts import FSDP_TP
 from harness.models.step import Accumulation, Precision
 from harness.models.transformer import TransformerCase
@@ -166,6 +171,19 @@ def test_accumulated_training_gate_catches_a_sum_where_a_mean_is_due(gate_runner
         world_size=min(gate_config().nproc, 4),
     )  # fmt: skip
     _caught(gate_runner, "negative:training:accumulation:SummedReduceTransformer", planted)
+
+
+@pytest.mark.judges(
+    "the accumulation training gate, with a layout that clears the gradients before each micro-batch "
+    "(negative control)",
+    "muongate: gates",
+)
+def test_accumulated_training_gate_catches_a_dropped_micro_batch(gate_runner: Any) -> None:
+    planted = DroppedMicroBatchTransformer(
+        "planted gradients cleared before each micro-batch", steps=1, accumulation=Accumulation(2, "every"),
+        world_size=min(gate_config().nproc, 4),
+    )  # fmt: skip
+    _caught(gate_runner, "negative:training:accumulation:DroppedMicroBatchTransformer", planted)
 
 
 @pytest.mark.judges(
