@@ -44,7 +44,7 @@ from distributed_impl.qk_clip import batch_max, clip_pair, sharded_qk_clip
 from harness.candidates import Candidate
 from harness.cases import Case
 from harness.layouts import EP_EFSDP, Layout
-from harness.replay import built_placements, local_shapes
+from harness.replay import local_shapes
 from harness.tasks.common import local_of
 from reference.clipping import clip_coefficient
 from reference.qk_clip import clip_factors
@@ -227,7 +227,7 @@ def has_empty_piece(case: Case) -> bool:
     """Whether some rank holds an empty piece of a parameter, laid out as the case's layout lays it out."""
     layout = case.layout
     for p in case.params:
-        placements = built_placements(layout, p.style, len(p.shape), case.mesh)
+        placements = layout.lays_out(p.style, len(p.shape), tuple(case.mesh))
         if any(0 in local for _, local in local_shapes(p.shape, case.mesh, placements)):
             return True
     return False

@@ -3,7 +3,10 @@
 A family has two spellings on purpose, both kept here and nowhere else: ``name``, the ASCII
 one code and ``Candidate(layouts=…)`` use (what users type, so no ``×``), and ``title``, what
 records and reports show (``fsdp×tp``; streams written before keep matching). Each value
-also says on which mesh it runs for a world size and how that mesh's dims are named. The
+also says on which mesh it runs for a world size, how that mesh's dims are named, and which
+placements its builder gives a parameter (``lays_out``: what the replay matches a capture with,
+and which captured meshes it may lay out, ``replayed``), so that a new family is a value here
+and its builder. The
 strategies that draw the families (``harness.cases.strategies``: ``DRAWN`` below, ``EXPERTS``
 by the optimizer cases) and the rank side's builders (``harness.tasks.layouts.BUILDERS``, by
 family name, held to every family here by a test) import this module; it imports neither.
@@ -17,8 +20,44 @@ shards on its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
+
+#: one placement as the replay compares them: ``("shard", dim)``, ``("strided", dim, split
+#: factor)`` (FSDP2 over TP's ``_StridedShard``), ``("replicate",)``, ``("partial",)``
+Placement = tuple[Any, ...]
+#: what a family's builder (``harness.tasks.layouts``) gives a parameter: ``(style, ndim, mesh)``
+#: to its placements, ``style`` its TP style (``colwise``, ``rowwise``, ``replicate``)
+LaysOut = Callable[[str, int, tuple[int, ...]], tuple[Placement, ...]]
+_S0, _S1, _R = ("shard", 0), ("shard", 1), ("replicate",)
+
+
+def _fsdp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+    return (_S0,)
+
+
+def _tp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+    return ({"colwise": _S0, "rowwise": _S1}.get(style, _R) if ndim == 2 else _R,)
+
+
+def _hsdp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+    return (_R, _S0)
+
+
+def _fsdp_tp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+    """FSDP2 over TP: a colwise matrix's rows split twice (FSDP2's strided shard over TP's)."""
+    split = {"colwise": (("strided", 0, mesh[-1]), _S0), "rowwise": (_S0, _S1)}
+    return split.get(style, (_S0, _R)) if ndim == 2 else (_S0, _R)
+
+
+def _hsdp_tp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+    return (_R, *_fsdp_tp(style, ndim, mesh))
+
+
+def _ep_efsdp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+    """Expert stacks split by expert over ``ep`` and by row over ``efsdp``; the rest HSDP's."""
+    return (_S0, _S1) if ndim == 3 else (_R, _S0)
 
 
 @dataclass(frozen=True)
@@ -31,6 +70,9 @@ class Layout:
     title: str
     #: the mesh's dim names (``DeviceMesh``'s ``mesh_dim_names``)
     dims: tuple[str, ...]
+    #: the placements its builder gives each parameter: what the replay matches a capture with
+    #: (``tests/test_replay.py`` holds the two together on captures of every family)
+    lays_out: LaysOut
     #: whether a candidate takes it only where it declares it (FSDP2's own 1-D ones it always takes)
     declared: bool = True
 
@@ -61,24 +103,30 @@ class Layout:
         return sizes.get("tp", 1), sizes.get("ep", 1)
 
 
-FSDP = Layout("fsdp", "fsdp", ("shard",), declared=False)
+FSDP = Layout("fsdp", "fsdp", ("shard",), _fsdp, declared=False)
 #: expert stacks ``[E, rows, cols]`` under FSDP2 on a 1-D mesh: whole experts on each rank
-EXPERTS = Layout("3-D", "3-D", ("shard",), declared=False)
+EXPERTS = Layout("3-D", "3-D", ("shard",), _fsdp, declared=False)
 #: a candidate's own ``shard`` on a 1-D mesh (its declaration; not drawn: the adaptation gives it)
-OWN = Layout("own", "own", ("shard",), declared=False)
-HSDP = Layout("hsdp", "hsdp", ("replicate", "shard"))
-TP = Layout("tp", "tp", ("tp",))
-FSDP_TP = Layout("fsdp_tp", "fsdp×tp", ("dp", "tp"))
-HSDP_TP = Layout("hsdp_tp", "hsdp×tp", ("rep", "dp", "tp"))
-EP_EFSDP = Layout("ep_efsdp", "ep×efsdp", ("ep", "efsdp"))
+OWN = Layout("own", "own", ("shard",), _fsdp, declared=False)
+HSDP = Layout("hsdp", "hsdp", ("replicate", "shard"), _hsdp)
+TP = Layout("tp", "tp", ("tp",), _tp)
+FSDP_TP = Layout("fsdp_tp", "fsdp×tp", ("dp", "tp"), _fsdp_tp)
+HSDP_TP = Layout("hsdp_tp", "hsdp×tp", ("rep", "dp", "tp"), _hsdp_tp)
+EP_EFSDP = Layout("ep_efsdp", "ep×efsdp", ("ep", "efsdp"), _ep_efsdp)
 
-#: every family, in the order reports list them
+#: every family, in the order reports list them (and the replay prefers on a tie)
 LAYOUTS = (FSDP, EXPERTS, OWN, HSDP, TP, FSDP_TP, HSDP_TP, EP_EFSDP)
 #: the families a candidate declares, by their names
 DECLARABLE = frozenset(layout.name for layout in LAYOUTS if layout.declared)
 #: the families ``layout_cases`` draws on a world size, in the order it shrinks through them
 #: (FSDP2 on a 1-D mesh first, then pure TP)
 DRAWN = (FSDP, TP, FSDP_TP, HSDP, EP_EFSDP, HSDP_TP)
+
+
+def replayed(ndim: int) -> tuple[Layout, ...]:
+    """The families the replay may lay a captured mesh of ``ndim`` dims out as: the drawn ones
+    of that many dims, in ``LAYOUTS``'s order, which the replay prefers on a tie."""
+    return tuple(layout for layout in LAYOUTS if layout in DRAWN and len(layout.dims) == ndim)
 
 
 def named(name: str) -> Layout:

@@ -33,20 +33,14 @@ from typing import TYPE_CHECKING, Any
 from harness import layouts
 from harness.capture import Capture
 from harness.cases.case import Case, ParamSpec, Style, optimizer_settings, stored_setting
-from harness.layouts import EP_EFSDP, FSDP, FSDP_TP, HSDP, HSDP_TP, TP, Layout
+from harness.layouts import Layout, Placement
 from reports.records import Unjudged
 
 if TYPE_CHECKING:
     from harness.algorithms import Algorithm
 
-#: one placement as the replay compares them: ``("shard", dim)``, ``("strided", dim, split
-#: factor)`` (FSDP2 over TP's ``_StridedShard``), ``("replicate",)``, ``("partial",)``
-Placement = tuple[Any, ...]
-
 _PLACEMENT = re.compile(r"^(?P<kind>_StridedShard|Shard|Replicate|Partial)\((?:dim=(?P<dim>\d+))?(?:, sf=(?P<sf>\d+))?")
 _DTYPES = ("float32", "bfloat16")
-#: the families that may lay out a mesh of each number of dims, in the order preferred on a tie
-_FAMILIES: dict[int, tuple[Layout, ...]] = {1: (FSDP, TP), 2: (HSDP, FSDP_TP, EP_EFSDP), 3: (HSDP_TP,)}
 _STYLES: tuple[Style, ...] = ("colwise", "rowwise", "replicate")
 
 
@@ -62,24 +56,6 @@ def parse_placement(text: str) -> Placement:
     if kind == "_StridedShard":
         return ("strided", int(m["dim"]), int(m["sf"]))
     return (kind.lower(),)
-
-
-def built_placements(layout: Layout, style: Style, ndim: int, mesh: Sequence[int]) -> tuple[Placement, ...]:
-    """The placements muongate's builder of ``layout`` gives a parameter of ``ndim`` dims and
-    ``style`` on ``mesh`` (``harness.tasks.layouts``): what the replay matches a capture with."""
-    s0, s1, r = ("shard", 0), ("shard", 1), ("replicate",)
-    matrix = ndim == 2
-    if layout in (FSDP, layouts.EXPERTS):
-        return (s0,)
-    if layout is TP:
-        return ({"colwise": s0, "rowwise": s1}.get(style, r) if matrix else r,)
-    if layout is HSDP:
-        return (r, s0)
-    if layout is EP_EFSDP:
-        return (s0, s1) if ndim == 3 else (r, s0)
-    tp_split = {"colwise": (("strided", 0, mesh[-1]), s0), "rowwise": (s0, s1)}
-    on_tp = tp_split.get(style, (s0, r)) if matrix else (s0, r)
-    return on_tp if layout is FSDP_TP else (r, *on_tp)
 
 
 def _pieces(size: int, parts: int) -> list[int]:
@@ -211,8 +187,8 @@ def _match(
 ) -> Style | None:
     """The style in which ``family``'s builder lays ``param`` out with ``placements`` (``None``: none does)."""
     ndim = len(param["shape"])
-    styles = _STYLES if family in (TP, FSDP_TP, HSDP_TP) and ndim == 2 else _STYLES[:1]
-    return next((s for s in styles if built_placements(family, s, ndim, mesh) == placements), None)
+    styles = _STYLES if "tp" in family.dims and ndim == 2 else _STYLES[:1]
+    return next((s for s in styles if family.lays_out(s, ndim, tuple(mesh)) == placements), None)
 
 
 def _smaller_mesh(mesh: tuple[int, ...], nproc: int) -> tuple[int, ...] | None:
@@ -311,7 +287,7 @@ def _mesh_case(
     notes: _Notes,
 ) -> Replayed | None:
     where = f"mesh {list(mesh)}"
-    families = _FAMILIES.get(len(mesh), ())
+    families = layouts.replayed(len(mesh))
     # on a tie (a 1-D mesh of row-split matrices is FSDP2's and TP's alike; matrices alone are
     # HSDP's and expert parallelism's alike), the mesh's dim names decide: muongate's own, then a "tp"
     dims = tuple(params[0][0]["layout"]["mesh"].get("dim_names") or ())
@@ -419,9 +395,10 @@ def _resized(
     if not any(p[0] in ("shard", "strided") and p[1] == d for p in placements):
         return shape[d]
     held = {captured[r][d] for r in ranks}
-    placements = built_placements(family, style, len(shape), target)  # a strided split factor is the new tp
+    placements = family.lays_out(style, len(shape), tuple(target))  # a strided split factor is the new tp
     # a row-wise piece with no columns under FSDP2 over TP is one DTensor cannot gather (layout_cases)
-    empty_ok = not (style == "rowwise" and d == 1 and family in (FSDP_TP, HSDP_TP))
+    over_tp = "tp" in family.dims and len(family.dims) > 1  # FSDP2 over TP
+    empty_ok = not (style == "rowwise" and d == 1 and over_tp)
     new = reduced(shape[d], d, held, target, placements, empty_ok=empty_ok)
     pieces = _sizes(new, d, target, placements)
     kept, lost = sorted(held & pieces, reverse=True), sorted(held - pieces, reverse=True)
