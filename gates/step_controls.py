@@ -1,14 +1,15 @@
 """Known-wrong training steps around a correct optimizer: the layout, not the optimizer, is
 planted. Each declares one step (``harness.models.step``) and lays the model out for another,
 as the 2026 reports against training frameworks describe (a narrower reduce dtype than the
-policy, a sum where a mean is due, a mean over the wrong group, a micro-batch dropped); the
-training gates must catch every one."""
+policy, a sum where a mean is due, a mean over the wrong group, a micro-batch dropped, a resume
+that restarts the schedule or drops Adam's moments); the training gates must catch every one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
@@ -67,3 +68,24 @@ class DroppedMicroBatchTransformer(TransformerCase):
             module.zero_grad(set_to_none=True)
 
         model.register_forward_pre_hook(cleared)
+
+
+@dataclass(frozen=True)
+class RestartedScheduleTransformer(TransformerCase):
+    """Resumes its model and optimizer but not its learning-rate schedule, which starts again
+    from its first step (a scheduler left out of the checkpoint)."""
+
+    def restored(self, opt: torch.optim.Optimizer, schedule: Any, state: dict[str, Any]) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class DroppedMomentTransformer(TransformerCase):
+    """Resumes everything but AdamW's first moments, which start again from zero (a checkpoint
+    conversion that loses a state tensor)."""
+
+    def restored(self, opt: torch.optim.Optimizer, schedule: Any, state: dict[str, Any]) -> None:
+        super().restored(opt, schedule, state)
+        for held in opt.state.values():
+            if "exp_avg" in held:
+                held["exp_avg"].zero_()

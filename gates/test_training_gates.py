@@ -28,12 +28,14 @@ from gates.adamw_controls import L2DecayAdamW
 from gates.negative_controls import OffByOneRowsMuon
 from gates.step_controls import (
     DroppedMicroBatchTransformer,
+    DroppedMomentTransformer,
     NarrowReduceTransformer,
+    RestartedScheduleTransformer,
     ShardGroupOnlyTransformer,
     SummedReduceTransformer,
 )
 from harness.layouts import FSDP_TP
-from harness.models.step import Accumulation, Precision
+from harness.models.step import Accumulation, Precision, Resume
 from harness.models.transformer import TransformerCase
 from harness.runner.ran import differed
 from harness.session import gate_config
@@ -208,6 +210,37 @@ def test_mixed_precision_training_gate_catches_a_reduction_in_bf16_under_an_fp32
         world_size=min(gate_config().nproc, 4),
     )  # fmt: skip
     _caught(gate_runner, "negative:training:precision:NarrowReduceTransformer", planted)
+
+
+# -- a resume across a learning-rate schedule (harness/models/step.py, Resume) --
+RESUMED = Resume("warmup_decay", after=2)
+
+
+@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_training_resumed_across_a_schedule_matches_single_process_reference(gate_runner: Any, name: str) -> None:
+    """The sharded side saves its model and optimizer with DCP and its schedule's state after two
+    of four steps, loads them into a fresh model of other values laid out again, a fresh
+    optimizer and schedule, and trains on; one process trains straight through. Bitwise on 2
+    ranks: a resume that loses a moment, the schedule's position or a parameter differs."""
+    gate_runner.reference_only("training:resume")
+    case = TransformerCase(f"{name} MLP, warm-up and decay, resumed", mlp=name, steps=4, resume=RESUMED)
+    gate_runner.train("training:resume", _on(case, min(gate_config().nproc, 4)))
+
+
+@pytest.mark.judges(
+    "the resume training gate, with a resume that restarts the schedule (negative control)", "muongate: gates"
+)
+def test_resumed_training_gate_catches_a_schedule_restarted(gate_runner: Any) -> None:
+    planted = RestartedScheduleTransformer("planted schedule restarted on resume", steps=4, resume=RESUMED)
+    _caught(gate_runner, "negative:training:resume:RestartedScheduleTransformer", planted)
+
+
+@pytest.mark.judges(
+    "the resume training gate, with a resume that drops AdamW's first moments (negative control)", "muongate: gates"
+)
+def test_resumed_training_gate_catches_a_moment_dropped(gate_runner: Any) -> None:
+    planted = DroppedMomentTransformer("planted first moments dropped on resume", steps=4, resume=RESUMED)
+    _caught(gate_runner, "negative:training:resume:DroppedMomentTransformer", planted)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.models.step import FULL, Accumulation, Precision, one_device_gradients
+from harness.models.step import FULL, SCHEDULES, Accumulation, Precision, Resume, one_device_gradients
 from harness.models.transformer import TransformerCase
 from harness.tasks.training import order_free, reduction_order, reduction_order_loss
 
@@ -83,6 +83,9 @@ def test_autocast_wraps_the_forward_only_where_declared():
         (lambda: Accumulation(2, "never"), "sync='never'"),
         (lambda: TransformerCase("x", world_size=4, replicate=3), "replicate=3"),
         (lambda: TransformerCase("x", accumulation=Accumulation(2, "last_all_reduce")), "only under HSDP"),
+        (lambda: Resume("cosine"), "schedule='cosine'"),
+        (lambda: Resume(after=-1), "after=-1"),
+        (lambda: TransformerCase("x", steps=2, resume=Resume(after=2)), "resume after=2 with steps=2"),
     ],
 )
 def test_a_declaration_fsdp2_could_not_mean_is_refused_naming_the_field(declare, named):
@@ -148,3 +151,17 @@ def test_a_model_factory_declares_its_precision_and_a_wrong_one_is_refused_namin
         ValueError, match=rf"--model {__name__}:_fp16_model: muongate_precision: Precision param='float16'"
     ):
         ModelCase.load(f"{__name__}:_fp16_model")
+
+
+def test_the_warm_up_and_decay_schedule_changes_the_rate_at_every_step_a_restart_would_repeat():
+    """A schedule restarted on resume is caught only where the rates after the resume differ
+    from those of its first steps: they do at every step of the four the resume gate trains."""
+    rates = [SCHEDULES["warmup_decay"](step) for step in range(4)]
+    assert rates == [0.5, 1.0, 0.5, 0.25]
+    assert rates[1] != rates[3], "a restart after step 2 steps its last step at the second step's rate"
+
+
+def test_a_case_says_its_schedule_and_when_it_resumes():
+    case = TransformerCase("x", steps=4, resume=Resume("warmup_decay", after=2))
+    assert case.describe().endswith(", warmup_decay schedule, resumed after step 2)")
+    assert "schedule" not in TransformerCase("x").describe()

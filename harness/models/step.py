@@ -14,13 +14,18 @@ divisor than it declares differs from the one-device step, which cannot share th
 
 A mean of two values, rounded once and halved, does not depend on their order, so wherever
 every level of the tree has at most two ranks (2 ranks; HSDP on 2 × 2) the step is bitwise.
+
+A case also declares its learning-rate schedule and whether the sharded side resumes
+(``Resume``): after a step it saves its model and optimizer with DCP and its schedule's
+``state_dict``, loads them into a fresh model laid out again, a fresh optimizer and a fresh
+schedule, and trains on, while one device trains straight through on the same schedule.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +151,48 @@ class Accumulation:
 
 
 ONE = Accumulation()
+
+
+#: the learning-rate schedules a case may declare: the factor of the declared learning rate at
+#: each step (``torch.optim.lr_scheduler.LambdaLR``); Python floats, the same on both sides
+SCHEDULES: dict[str, Callable[[int], float]] = {
+    "constant": lambda step: 1.0,
+    # two steps of warm-up, then halved each step
+    "warmup_decay": lambda step: min(1.0, (step + 1) / 2) * 0.5 ** max(0, step - 1),
+}
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A case's learning-rate schedule (one of ``SCHEDULES``, stepped after every optimizer
+    step) and, where ``after`` > 0, the sharded side's resume after that many steps."""
+
+    schedule: str = "constant"
+    after: int = 0
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"Resume schedule={self.schedule!r}: one of {sorted(SCHEDULES)}")
+        if self.after < 0:
+            raise ValueError(f"Resume after={self.after}: a number of steps, 0 for none")
+
+    def on(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        """The schedule, on ``opt``'s every param group."""
+        return torch.optim.lr_scheduler.LambdaLR(opt, SCHEDULES[self.schedule])
+
+    def clause(self) -> str:
+        """``", " + what it declares`` where it declares anything; else nothing."""
+        parts = [f"{self.schedule} schedule"] if self.schedule != "constant" else []
+        parts += [f"resumed after step {self.after}"] if self.after else []
+        return "".join(f", {part}" for part in parts)
+
+
+THROUGH = Resume()
+
+
+def resume_of(spec: Any) -> Resume:
+    """A training spec's declared schedule and resume (``THROUGH``: constant, no resume)."""
+    return getattr(spec, "resume", THROUGH)
 
 
 def precision_of(spec: Any) -> Precision:

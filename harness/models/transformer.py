@@ -28,7 +28,7 @@ from harness.algorithms import MUON
 from harness.cases.case import candidate_name
 from harness.models.corpus import held_out_bits, next_byte_loss
 from harness.models.moe import MoE
-from harness.models.step import FULL, ONE, Accumulation, Precision
+from harness.models.step import FULL, ONE, THROUGH, Accumulation, Precision, Resume
 
 Mlp = Literal["dense", "moe"]
 
@@ -63,11 +63,17 @@ class TransformerCase:
     accumulation: Accumulation = ONE
     #: HSDP's replicas: FSDP2 on a ``(replicate, shard)`` mesh; 1: on a 1-D mesh
     replicate: int = 1
+    #: the learning-rate schedule, and after how many steps the sharded side resumes (0: never)
+    resume: Resume = THROUGH
 
     def __post_init__(self) -> None:
         if self.replicate < 1 or self.world_size % self.replicate:
             raise ValueError(
                 f"TransformerCase replicate={self.replicate}: HSDP's replicas must divide world_size={self.world_size}"
+            )
+        if self.resume.after >= self.steps:
+            raise ValueError(
+                f"TransformerCase resume after={self.resume.after} with steps={self.steps}: it resumes before its last step"
             )
         if self.accumulation.sync == "last_all_reduce" and self.replicate == 1:
             raise ValueError(
@@ -82,8 +88,13 @@ class TransformerCase:
             f"TransformerCase({self.name}: {self.layers} layers, d={self.dim}, {self.heads} heads, {self.mlp} MLP, "
             f"{qkv}, world={self.world_size}, steps={self.steps}, batch {self.batch}x{self.seq} bytes per rank, "
             f"seed={self.seed}, candidate={candidate_name(self.candidate, self.reference)}{self.precision.clause()}"
-            f"{self.accumulation.clause()}{hsdp})"
+            f"{self.accumulation.clause()}{hsdp}{self.resume.clause()})"
         )
+
+    def restored(self, opt: torch.optim.Optimizer, schedule: Any, state: dict[str, Any]) -> None:
+        """After a resume's load into the fresh ``opt``: ``schedule`` takes its saved ``state``
+        (what a planted resume gets wrong, ``gates.step_controls``)."""
+        schedule.load_state_dict(state)
 
     # -- harness.tasks.training.TrainingSpec --
     def build(self) -> Transformer:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -31,9 +31,10 @@ from torch import Tensor, nn
 from harness.algorithms import reference_of
 from harness.cases.case import optimizer_settings
 from harness.layouts import FSDP, FSDP_TP, Layout
-from harness.models.step import accumulation_of, one_device_gradients, precision_of, replicas_of
+from harness.models.step import accumulation_of, one_device_gradients, precision_of, replicas_of, resume_of
 from harness.ranks import RankContext
 from harness.ranks.switches import hold
+from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, remove_checkpoint
 from harness.tasks.common import (
     candidate_keywords,
     compare_params_and_state,
@@ -213,8 +214,11 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     ref_model = spec.build().to(device)
     model = copy.deepcopy(ref_model)
     ref_opt = reference_optimizer(spec, ref_model)
-    spec.shard(model, training_mesh(ctx, spec))
+    mesh = training_mesh(ctx, spec)
+    spec.shard(model, mesh)
     opt = candidate_optimizer(spec, model)
+    resume = resume_of(spec)
+    ref_schedule, schedule = resume.on(ref_opt), resume.on(opt)
     accumulation = accumulation_of(spec)
     bitwise = order_free(spec)
     tier = BITWISE if bitwise else reduction_order(spec)
@@ -244,8 +248,13 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
                 records.append(compare_shard(f"{name}.grad", step, ctx.rank, ref_p.grad, grad, tier))
         ref_opt.step()
         ref_opt.zero_grad()
+        ref_schedule.step()
         opt.step()
         opt.zero_grad()
+        schedule.step()
+        if step + 1 == resume.after:
+            model, opt, schedule = _resumed(ctx, spec, mesh, (model, opt, schedule), device)
+            names = dict(model.named_parameters())
         pairs = ((name, ref_p, names[name]) for name, ref_p in ref_model.named_parameters())
         records += compare_params_and_state(
             pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference_of(spec).state, tier=tier
@@ -385,6 +394,29 @@ def _whole(t: Tensor) -> Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _resumed(
+    ctx: RankContext, spec: TrainingSpec, mesh: Any, side: tuple[nn.Module, torch.optim.Optimizer, Any], device: Any
+) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """The sharded side saved (model and optimizer with DCP, the schedule's ``state_dict``) and
+    loaded into a fresh model of other values laid out again, a fresh optimizer and a fresh
+    schedule (``harness.models.step.Resume``); the spec restores the schedule (``restored``)."""
+    model, opt, schedule = side
+    path = checkpoint_dir(ctx)
+    dcp_save(model, opt, path, ctx.group)
+    saved = schedule.state_dict()
+    fresh = spec.build().to(device)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(1.0)  # other values than the saved ones, so that only the load can give them back
+    spec.shard(fresh, mesh)
+    fresh_opt = candidate_optimizer(spec, fresh)
+    fresh_schedule = resume_of(spec).on(fresh_opt)
+    dcp_load(fresh, fresh_opt, path, ctx.group)
+    cast(Any, spec).restored(fresh_opt, fresh_schedule, saved)  # only a TransformerCase declares a resume
+    remove_checkpoint(ctx, path)
+    return fresh, fresh_opt, fresh_schedule
 
 
 def _reference_step_grads(model: nn.Module, spec: TrainingSpec, step: int, device: torch.device) -> list[list[Tensor]]:
