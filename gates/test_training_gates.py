@@ -36,7 +36,7 @@ from gates.step_controls import (
 )
 from harness.layouts import FSDP_TP
 from harness.models.step import Accumulation, Precision, Resume
-from harness.models.transformer import TransformerCase
+from harness.models.transformer import Mlp, TransformerCase
 from harness.runner.ran import differed
 from harness.session import gate_config
 from harness.tasks.training import TwinsCase
@@ -217,7 +217,7 @@ RESUMED = Resume("warmup_decay", after=2)
 
 
 @pytest.mark.parametrize("name", ["dense", "moe"])
-def test_training_resumed_across_a_schedule_matches_single_process_reference(gate_runner: Any, name: str) -> None:
+def test_training_resumed_across_a_schedule_matches_single_process_reference(gate_runner: Any, name: Mlp) -> None:
     """The sharded side saves its model and optimizer with DCP and its schedule's state after two
     of four steps, loads them into a fresh model of other values laid out again, a fresh
     optimizer and schedule, and trains on; one process trains straight through. Bitwise on 2
