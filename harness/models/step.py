@@ -176,8 +176,11 @@ class Resume:
         if self.after < 0:
             raise ValueError(f"Resume after={self.after}: a number of steps, 0 for none")
 
-    def on(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-        """The schedule, on ``opt``'s every param group."""
+    def on(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR | None:
+        """The schedule, on ``opt``'s every param group; ``None`` where the case declares neither a
+        schedule nor a resume (no scheduler touches its optimizers)."""
+        if self == THROUGH:
+            return None
         return torch.optim.lr_scheduler.LambdaLR(opt, SCHEDULES[self.schedule])
 
     def clause(self) -> str:

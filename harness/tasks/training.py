@@ -248,10 +248,11 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
                 records.append(compare_shard(f"{name}.grad", step, ctx.rank, ref_p.grad, grad, tier))
         ref_opt.step()
         ref_opt.zero_grad()
-        ref_schedule.step()
         opt.step()
         opt.zero_grad()
-        schedule.step()
+        for stepped in (ref_schedule, schedule):
+            if stepped is not None:
+                stepped.step()
         if step + 1 == resume.after:
             model, opt, schedule = _resumed(ctx, spec, mesh, (model, opt, schedule), device)
             names = dict(model.named_parameters())
