@@ -227,7 +227,7 @@ def has_empty_piece(case: Case) -> bool:
     """Whether some rank holds an empty piece of a parameter, laid out as the case's layout lays it out."""
     layout = case.layout
     for p in case.params:
-        placements = layout.lays_out(p.style, len(p.shape), tuple(case.mesh))
+        placements = layout.lays_out(p.style, len(p.shape), case.mesh)
         if any(0 in local for _, local in local_shapes(p.shape, case.mesh, placements)):
             return True
     return False

@@ -20,7 +20,7 @@ shards on its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,33 +29,33 @@ from typing import Any
 Placement = tuple[Any, ...]
 #: what a family's builder (``harness.tasks.layouts``) gives a parameter: ``(style, ndim, mesh)``
 #: to its placements, ``style`` its TP style (``colwise``, ``rowwise``, ``replicate``)
-LaysOut = Callable[[str, int, tuple[int, ...]], tuple[Placement, ...]]
+LaysOut = Callable[[str, int, Sequence[int]], tuple[Placement, ...]]
 _S0, _S1, _R = ("shard", 0), ("shard", 1), ("replicate",)
 
 
-def _fsdp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+def _fsdp(style: str, ndim: int, mesh: Sequence[int]) -> tuple[Placement, ...]:
     return (_S0,)
 
 
-def _tp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+def _tp(style: str, ndim: int, mesh: Sequence[int]) -> tuple[Placement, ...]:
     return ({"colwise": _S0, "rowwise": _S1}.get(style, _R) if ndim == 2 else _R,)
 
 
-def _hsdp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+def _hsdp(style: str, ndim: int, mesh: Sequence[int]) -> tuple[Placement, ...]:
     return (_R, _S0)
 
 
-def _fsdp_tp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+def _fsdp_tp(style: str, ndim: int, mesh: Sequence[int]) -> tuple[Placement, ...]:
     """FSDP2 over TP: a colwise matrix's rows split twice (FSDP2's strided shard over TP's)."""
     split = {"colwise": (("strided", 0, mesh[-1]), _S0), "rowwise": (_S0, _S1)}
     return split.get(style, (_S0, _R)) if ndim == 2 else (_S0, _R)
 
 
-def _hsdp_tp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+def _hsdp_tp(style: str, ndim: int, mesh: Sequence[int]) -> tuple[Placement, ...]:
     return (_R, *_fsdp_tp(style, ndim, mesh))
 
 
-def _ep_efsdp(style: str, ndim: int, mesh: tuple[int, ...]) -> tuple[Placement, ...]:
+def _ep_efsdp(style: str, ndim: int, mesh: Sequence[int]) -> tuple[Placement, ...]:
     """Expert stacks split by expert over ``ep`` and by row over ``efsdp``; the rest HSDP's."""
     return (_S0, _S1) if ndim == 3 else (_R, _S0)
 

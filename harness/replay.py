@@ -188,7 +188,7 @@ def _match(
     """The style in which ``family``'s builder lays ``param`` out with ``placements`` (``None``: none does)."""
     ndim = len(param["shape"])
     styles = _STYLES if "tp" in family.dims and ndim == 2 else _STYLES[:1]
-    return next((s for s in styles if family.lays_out(s, ndim, tuple(mesh)) == placements), None)
+    return next((s for s in styles if family.lays_out(s, ndim, mesh) == placements), None)
 
 
 def _smaller_mesh(mesh: tuple[int, ...], nproc: int) -> tuple[int, ...] | None:
@@ -395,7 +395,7 @@ def _resized(
     if not any(p[0] in ("shard", "strided") and p[1] == d for p in placements):
         return shape[d]
     held = {captured[r][d] for r in ranks}
-    placements = family.lays_out(style, len(shape), tuple(target))  # a strided split factor is the new tp
+    placements = family.lays_out(style, len(shape), target)  # a strided split factor is the new tp
     # a row-wise piece with no columns under FSDP2 over TP is one DTensor cannot gather (layout_cases)
     over_tp = "tp" in family.dims and len(family.dims) > 1  # FSDP2 over TP
     empty_ok = not (style == "rowwise" and d == 1 and over_tp)

@@ -44,7 +44,7 @@ class Resolved:
     @property
     def device_kind(self) -> str:
         """What the ranks compute on, ``"cpu"`` or ``"cuda"``."""
-        return self.devices[0].split(":")[0]
+        return _kind(self.devices)
 
 
 def resolve(config: pytest.Config, nproc: int) -> Resolved:
@@ -65,17 +65,21 @@ def resolve(config: pytest.Config, nproc: int) -> Resolved:
         impl = Impl.load(built_in(algorithm))
     if impl is not None:
         impl = impl.judged_against(algorithm)
-    device_kind = devices[0].split(":")[0]
     return Resolved(
         backend=backend,
         devices=devices,
         impl=impl,
         algorithm=algorithm,
-        engine=_engine(config, device_kind),
+        engine=_engine(config, _kind(devices)),
         replay=_replay(config, nproc, algorithm),
         kernel=_kernel(config),
         model=_model(config),
     )
+
+
+def _kind(devices: list[str]) -> str:
+    """What ``devices`` compute on, ``"cpu"`` or ``"cuda"`` (rank 0's device without its index)."""
+    return devices[0].split(":")[0]
 
 
 def _algorithm(config: pytest.Config, impl: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
@@ -64,10 +64,18 @@ class _OncePerValue(Generic[T]):
         self._seen: dict[bytes, str | None] = {}
 
     def __call__(self, value: T) -> str | None:
-        try:
-            key = pickle.dumps(value)
-        except Exception:  # nothing to key on: run it
+        key = pickled(value)
+        if key is None:  # nothing to key on: run it
             return self._caught(value)
         if key not in self._seen:
             self._seen[key] = self._caught(value)
         return self._seen[key]
+
+
+def pickled(value: Any) -> bytes | None:
+    """``value`` as the ranks receive it, the key by which an equal case or example is known
+    again (``_OncePerValue``, ``GateRunner``'s passed cases); ``None`` where it cannot be pickled."""
+    try:
+        return pickle.dumps(value)
+    except Exception:
+        return None

@@ -6,7 +6,6 @@ and MoE scenarios (``scenarios``)."""
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
@@ -177,15 +176,13 @@ class GateRunner:
         equal to an earlier one. A case's run is deterministic, so its verdict is the one
         written; it is not run, written or counted again. A failed case is run each time
         hypothesis asks (its shrinking and its flakiness check see every run)."""
-        try:
-            key = (gate, task, pickle.dumps(case))
-        except Exception:  # nothing to key on: judge it
+        pickled = controls.pickled(case)
+        if pickled is None:  # nothing to key on: judge it
             return judged()
-        if key in self._passed:
-            return self._passed[key]
-        ran = judged()
-        self._passed[key] = ran
-        return ran
+        key = (gate, task, pickled)
+        if key not in self._passed:
+            self._passed[key] = judged()
+        return self._passed[key]
 
     def measured(self, gate: str, case: Any, *, task: str) -> Ran:
         """Runs a case whose verdict the gate reaches itself (see ``judge``); a rank that
