@@ -8,6 +8,7 @@ elsewhere that collects this checkout's gates (``--pyargs gates`` from another d
 imports it during collection, after the user's profile was loaded, and must keep that one."""
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -17,8 +18,20 @@ from harness.plugin.options import PROFILE_VARIABLE
 
 pytest_plugins = ["harness.plugin"]
 
+#: the harness's own tests: none of them is a gate (tests/test_suite_layout.py holds that)
+TESTS = Path(__file__).parent / "tests"
+
 
 def pytest_configure(config: pytest.Config) -> None:
     register_gate_ci_profile()
     if not config.getoption("hypothesis_profile", None) and not os.environ.get(PROFILE_VARIABLE):
         settings.load_profile(DEFAULT_PROFILE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The main job (``-m gate``) does not import the harness's own tests, which hold no gate:
+    it would import, rewrite and deselect every one of them (2.6 s of CPU in each xdist worker,
+    half of a worker's start)."""
+    if collection_path == TESTS and config.getoption("markexpr") == "gate":
+        return True
+    return None

@@ -9,23 +9,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch  # before any pytester snapshot (below)
-import torch._dynamo
-import torch.distributed.checkpoint
-import torch.distributed.fsdp
-import torch.distributed.tensor  # noqa: F401
 from support import pythonpath
 
-#: pytester's in-process sessions take away, when they end, every module they imported; torch
-#: cannot be imported a second time in one process ("SystemError: ... bad call flags", then a
-#: segmentation fault), so a later in-process session that imported it again failed. Imported
-#: here, at collection, it is in every snapshot and stays (tests/test_plugin.py run in one
-#: process failed so on d7f4a17; CI's three workers happened to order the tests around it).
-#: So must the parts of torch that register operators when first imported (FSDP2 imports
-#: ``torch.distributed._symmetric_memory``, whose second import is "Only a single TORCH_LIBRARY
-#: can be used to register the namespace symm_mem"): tests/test_plugin.py, test_judging_candidates.py,
-#: test_impl_plugins.py and test_reports.py on two workers failed so, 1 to 3 tests a run, at 35c45b3.
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_before_any_pytester() -> None:
+    """torch, imported before the first pytester snapshot of this process, so that it is in
+    every snapshot. pytester's in-process sessions take away, when they end, every module they
+    imported; torch cannot be imported a second time in one process ("SystemError: ... bad call
+    flags", then a segmentation fault), so a later in-process session that imported it again
+    failed (tests/test_plugin.py run in one process failed so on d7f4a17). So must the parts of
+    torch that register operators when first imported (FSDP2 imports
+    ``torch.distributed._symmetric_memory``, whose second import is "Only a single TORCH_LIBRARY
+    can be used to register the namespace symm_mem"): tests/test_plugin.py,
+    test_judging_candidates.py, test_impl_plugins.py and test_reports.py on two workers failed
+    so, 1 to 3 tests a run, at 35c45b3. A session fixture, not an import of this file: pytest
+    loads this file wherever ``tests`` is a test path, the main job (``-m gate``) included,
+    which collects none of these tests and has no use for ``torch._dynamo``."""
+    import torch._dynamo
+    import torch.distributed.checkpoint
+    import torch.distributed.fsdp
+    import torch.distributed.tensor  # noqa: F401
+
 
 _REPRODUCE = re.compile(r"^reproduce: (PYTHONPATH=.*)$", re.MULTILINE)
 

@@ -273,3 +273,13 @@ def test_the_walls_catch_a_pool_that_imports_a_task_and_a_case_that_imports_a_ca
     }
     assert _breaches(planted, "harness.ranks") == ["harness.ranks.pool imports harness.tasks.optimizer"]
     assert _breaches(planted, "harness.cases") == ["harness.cases.case imports harness.candidates.impl"]
+
+
+def test_no_test_of_the_harness_is_a_gate(request: pytest.FixtureRequest) -> None:
+    """The main job (``-m gate``) does not collect ``tests/`` (conftest.py): a gate written there
+    would never run in it. Every test of ``tests/`` this session collected is checked."""
+    from harness.plugin.gate_session import is_gate
+
+    ours = [item for item in request.session.items if (REPO / "tests") in item.path.parents]
+    assert ours, "this session collected no test of tests/"
+    assert [item.nodeid for item in ours if is_gate(item)] == []

@@ -284,7 +284,7 @@ class GateSession:
         order. A plug-in that reorders tests per process (pytest-randomly draws its seed in each
         one) made every gate fail with "rank 1 drew a different case than rank 0"; so, after
         every other reordering, the tests run in the order of their files and lines."""
-        if self.gates_seen or any(_is_gate(item) for item in items):
+        if self.gates_seen or any(is_gate(item) for item in items):
             self.choose_profile()
             self.resolve()
             self._select_engine_gates(items)
@@ -417,7 +417,8 @@ def _says_it_runs_gates(config: pytest.Config) -> bool:
     return False
 
 
-def _is_gate(item: pytest.Item) -> bool:
+def is_gate(item: pytest.Item) -> bool:
+    """A test the gates judge: marked ``gate``, or using the pool through ``gate_runner`` or ``gate_model``."""
     uses = getattr(item, "fixturenames", ())
     return item.get_closest_marker("gate") is not None or "gate_runner" in uses or "gate_model" in uses
 
