@@ -5,6 +5,7 @@ recovers for the next case."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -67,12 +68,14 @@ def test_ranks_that_all_raised_keep_their_processes_and_get_fresh_groups(pool):
 def test_a_closed_pool_leaves_nothing_in_the_temp_directory_even_after_a_rank_died_mid_checkpoint():
     with RankPool(2, preload=RANK_PRELOAD, case_timeout_s=30, pg_timeout_s=10) as p:
         logs = Path(p._logdir)
+        # checkpoints go to the pool's scratch in memory where the machine has one (/dev/shm)
+        scratch = logs if p._memory is None else Path(p._memory)
         assert p.run(tasks.sum_of_ranks).ok
         saved = p.run(tasks.checkpoint_then_die, 1)
         assert saved.failure is not None and saved.failure.rank == 1
         survivor = p.run(tasks.checkpoint_then_die, 2).results[0]
-        assert Path(survivor).parent == logs and Path(survivor).exists()
-    assert not logs.exists()
+        assert Path(survivor).parent == scratch and Path(survivor).exists()
+    assert not logs.exists() and not scratch.exists()
 
 
 def test_hanging_rank_is_detected_within_the_deadline_and_the_next_case_passes(pool):
@@ -259,3 +262,19 @@ def test_the_forkserver_is_forked_from_a_process_with_one_thread_and_started_afr
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == server
+
+
+def test_a_checkpoint_goes_to_the_memory_scratch_only_where_it_has_room(monkeypatch, tmp_path):
+    from harness.ranks.pool import MEMORY_SCRATCH, SCRATCH
+    from harness.tasks import checkpoint
+
+    memory, disk = tmp_path / "memory", tmp_path / "disk"
+    memory.mkdir()
+    monkeypatch.setenv(MEMORY_SCRATCH, str(memory))
+    monkeypatch.setenv(SCRATCH, str(disk))
+    free = 1 << 30
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2 * free, free, free))
+    assert checkpoint._scratch(free // checkpoint._ROOM) == str(memory)
+    assert checkpoint._scratch(free // checkpoint._ROOM + 1) == str(disk)
+    monkeypatch.delenv(MEMORY_SCRATCH)
+    assert checkpoint._scratch(0) == str(disk)

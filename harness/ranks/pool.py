@@ -130,6 +130,10 @@ class _WorkerSpec:
 
 #: the environment variable naming a pool's scratch directory to its ranks, removed with the pool
 SCRATCH = "MUONGATE_POOL_SCRATCH"
+#: the same for its scratch in memory (a tmpfs), where the machine has one: removed with the pool
+MEMORY_SCRATCH = "MUONGATE_POOL_MEMORY_SCRATCH"
+#: the tmpfs a memory scratch lies on (Linux's shared memory)
+_MEMORY = "/dev/shm"
 
 #: Stacks are read ``sample_after_s`` into a case, then after gaps that double from that up
 #: to this, back to ``sample_after_s`` while every rank sits in a collective: a deadlock is
@@ -205,6 +209,16 @@ class _Stall:
             return None
         assert self._since is not None
         return where if now - self._since >= self.stall_s else None
+
+
+def _memory_scratch() -> str | None:
+    """A directory of the pool's own on the machine's tmpfs, or None where there is none to write."""
+    if not os.path.isdir(_MEMORY):
+        return None
+    try:
+        return tempfile.mkdtemp(prefix="muongate-pool-", dir=_MEMORY)
+    except OSError:
+        return None
 
 
 def _worker_main(spec: _WorkerSpec, conn: Connection, stacks: Connection) -> None:
@@ -357,6 +371,7 @@ class RankPool:
         self._reader = StackReader()
         self._logs: list[str] = []
         self._logdir = tempfile.mkdtemp(prefix="muongate-pool-")
+        self._memory = _memory_scratch()
         self._store: Any = None
         self._next_case = 0
         self._env: dict[str, str] = {}
@@ -392,7 +407,7 @@ class RankPool:
                 pg_timeout_s=self.pg_timeout_s,
                 # Forked from the forkserver, a worker has the environment the server started
                 # with: give it this process's, as it is now, and the case's on top.
-                env={**os.environ, **self._hidden, SCRATCH: self._logdir, **self._env},
+                env={**os.environ, **self._hidden, SCRATCH: self._logdir, **self._memory_env(), **self._env},
                 log_path=self._logs[rank],
                 threads=threads,
                 grids=self.grids,
@@ -447,6 +462,11 @@ class RankPool:
         shared temporary directory: 2,076 of them on the CI machine after a day.)"""
         self.shutdown()
         shutil.rmtree(self._logdir, ignore_errors=True)
+        if self._memory is not None:
+            shutil.rmtree(self._memory, ignore_errors=True)
+
+    def _memory_env(self) -> dict[str, str]:
+        return {} if self._memory is None else {MEMORY_SCRATCH: self._memory}
 
     def __enter__(self) -> RankPool:
         return self

@@ -25,7 +25,7 @@ from harness.algorithms import reference_of
 from harness.cases.case import Case, ParamSpec
 from harness.cases.tensors import generator, gradient, initial_param
 from harness.ranks import RankContext
-from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, remove_checkpoint
+from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, params_bytes, remove_checkpoint
 from harness.tasks.clipping import clip_step, tie
 from harness.tasks.common import PIECE, local_of, local_piece, mesh_for, shard_like
 from harness.tasks.layouts import build_model, case_param, zeros_of
@@ -156,7 +156,7 @@ def _on_rank_zero_only(ctx: RankContext, g: Tensor, p: Tensor) -> tuple[Tensor, 
 
 def _round_trip(case: Case, side: Side, mesh: DeviceMesh, ctx: RankContext) -> Side:
     """Saves model and optimizer with DCP, loads them into a fresh model and optimizer."""
-    path = checkpoint_dir(ctx)
+    path = checkpoint_dir(ctx, params_bytes(side[0].parameters()))
     dcp_save(*side, path, ctx.group)
     fresh = build_model(case, zeros_of(case, ctx.device), mesh)
     fresh_opt = candidate_side(case, fresh)

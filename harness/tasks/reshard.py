@@ -13,7 +13,7 @@ from harness.algorithms import reference_of
 from harness.cases.case import Case, ReshardCase
 from harness.cases.tensors import gradient, initial_param
 from harness.ranks import RankContext
-from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, remove_checkpoint
+from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, params_bytes, remove_checkpoint
 from harness.tasks.common import compare_params_and_state, mesh_for, shard_like
 from harness.tasks.layouts import build_model, case_param, zeros_of
 from harness.tasks.result import TaskResult
@@ -30,7 +30,7 @@ def run_reshard_case(ctx: RankContext, rc: ReshardCase) -> TaskResult:
     tensors = [initial_param(s, case.seed, i).to(device) for i, s in enumerate(case.params)]
     ref = only_reference(case, tensors)
     ref_by_name = by_name(ref)
-    path = checkpoint_dir(ctx)
+    path = checkpoint_dir(ctx, params_bytes(tensors))
 
     def on(side: Case, start: list[Tensor]) -> Side | None:
         if ctx.rank >= side.world_size:

@@ -66,7 +66,7 @@ def checkpoint_then_die(ctx: RankContext, payload: int) -> str:
     before anyone removes it. Returns the directory."""
     from harness.tasks.checkpoint import checkpoint_dir
 
-    path = checkpoint_dir(ctx)
+    path = checkpoint_dir(ctx, 0)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, f"{ctx.rank}.distcp"), "w") as f:
         f.write("saved")

@@ -34,7 +34,7 @@ from harness.layouts import FSDP, FSDP_TP, Layout
 from harness.models.step import accumulation_of, one_device_gradients, precision_of, replicas_of, resume_of
 from harness.ranks import RankContext
 from harness.ranks.switches import hold
-from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, remove_checkpoint
+from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, params_bytes, remove_checkpoint
 from harness.tasks.common import (
     candidate_keywords,
     compare_params_and_state,
@@ -404,7 +404,7 @@ def _resumed(
     loaded into a fresh model of other values laid out again, a fresh optimizer and a fresh
     schedule (``harness.models.step.Resume``); the spec restores the schedule (``restored``)."""
     model, opt, schedule = side
-    path = checkpoint_dir(ctx)
+    path = checkpoint_dir(ctx, params_bytes(model.parameters()))
     dcp_save(model, opt, path, ctx.group)
     saved = schedule.state_dict()
     fresh = spec.build().to(device)
