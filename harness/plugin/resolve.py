@@ -110,12 +110,12 @@ def _engine(config: pytest.Config, device_kind: str) -> Any:
 def _replay(config: pytest.Config, nproc: int, algorithm: Any) -> Any:
     """``--layout-from=FILE`` as the cases the replay gate runs (``harness.replay``); a file that
     cannot be read, or of which nothing can be replayed, is a usage error naming why."""
-    from harness.capture import CaptureError, load_capture
-    from harness.replay import replay
-
     path = config.getoption("layout_from")
     if path is None:
         return None
+    from harness.capture import CaptureError, load_capture
+    from harness.replay import replay
+
     try:
         capture = load_capture(path)
     except CaptureError as e:
@@ -130,6 +130,8 @@ def _replay(config: pytest.Config, nproc: int, algorithm: Any) -> Any:
 
 
 def _model(config: pytest.Config) -> Any:
+    if config.getoption("model") is None:
+        return None  # without importing the models (FSDP2, the transformer): 0.4 s of every process's start
     from harness.models.plugin import ModelCase
 
     return _load(config, "model", ModelCase.load, "MODULE:FACTORY")
