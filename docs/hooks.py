@@ -1,17 +1,20 @@
 """mkdocs hooks: the site shows the code's own words. ``{{ docstring("path/to/module.py") }}``
 becomes that module's docstring (read with ``ast``, nothing imported), and
 ``{{ include("FILE.md") }}`` a file of the repository, so that the candidate contract, the
-references' conventions, the changelog and CONTRIBUTING are written once."""
+references' conventions, the changelog and CONTRIBUTING are written once; and
+``{{ matrix("FILE.json") }}`` the compatibility matrix's grid that ``python -m harness.matrix``
+wrote as that file (``reports.matrix.render_grid``), so that the page shows the run's own cells."""
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-_MARKER = re.compile(r"\{\{ (docstring|include)\(\"([^\"]+)\"\) \}\}")
+_MARKER = re.compile(r"\{\{ (docstring|include|matrix)\(\"([^\"]+)\"\) \}\}")
 
 
 def _docstring(path: Path) -> str:
@@ -64,11 +67,23 @@ def _include(path: Path) -> str:
     return re.sub(r"\(([A-Z]+)\.md\)", lambda m: f"({m.group(1).lower()}.md)", text)
 
 
+def matrix_grid(path: Path) -> str:
+    """The grid of the matrix ``harness.matrix`` wrote as ``path`` (its ``matrix.json``), as one
+    block of HTML between blank lines (Markdown passes it through)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from reports.matrix import Matrix, render_grid
+
+    return "\n" + render_grid(Matrix.from_json(path.read_text(encoding="utf-8"))) + "\n"
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     def replace(match: re.Match[str]) -> str:
         path = REPO / match.group(2)
         if not path.is_file():
             raise FileNotFoundError(f"{page.file.src_path}: {match.group(0)} names no file {path}")
+        if match.group(1) == "matrix":
+            return matrix_grid(path)
         return _docstring(path) if match.group(1) == "docstring" else _include(path)
 
     return _MARKER.sub(replace, markdown)

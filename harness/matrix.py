@@ -6,18 +6,22 @@
 Each adapter runs in a pytest process of its own (``--impl SPEC``, its report under
 ``OUT/<slug>/``), so a crash in one cannot take the others down. Its cells come from that
 run's own records (``reports.summary.summarize``): a cell per gate and one per layout family,
-each one of ``bitwise``, ``tier`` (within a named tolerance tier, with max|diff|), ``passes``
-(the gate's own verdict with nothing to compare, e.g. an input refused by name), ``fails``
-(max|diff| and the minimal case), ``crashes`` (hang, abort, collective mismatch or error,
-with the message), ``not supported`` (skipped for a declaration the candidate made, named)
-or ``not run``. A cell counts only what ran the candidate: a gate of muongate's own code
+each in the report's words: ``bitwise``, ``in tier`` (within a named tolerance tier, with
+max|diff|), ``within causes``, ``holds`` (the gate's own verdict with nothing to compare, e.g.
+an input refused by name), ``differs`` (max|diff| and the minimal case), ``accepted`` (differs,
+as a finding the ``--accept FILE`` given to every run names), ``crashes`` (hang, abort,
+collective mismatch or error, with the message), ``not judged``, ``not supported`` (skipped
+for a declaration the candidate made, named) or ``not run``. A cell counts only what ran the candidate: a gate of muongate's own code
 (``judges``) is skipped under ``--impl`` and shows as ``not run``. Where an adapter leaves a
 feature or layout undeclared, the matrix runs it once more with ``--probe-undeclared`` (its
 report under ``OUT/<slug>-probe/``), and a cell it had narrowed or skipped for that says what
 the package did there: ``not declared: tried: bitwise …``, ``… crashes …`` (``--no-probe``
 leaves that out). ``--jobs N`` runs N adapters at once (each with its own ranks: on a
 machine with cores to spare); the rows keep the order they were named in. The matrix is written as
-``OUT/matrix.md`` and ``OUT/matrix.html`` and printed.
+``OUT/matrix.md``, ``OUT/matrix.html`` (a colour grid) and ``OUT/matrix.json`` (every cell and the
+run that made it: what the docs page's grid is drawn from) and printed. ``--render`` runs
+nothing and writes the three again from the runs under ``OUT`` (the same adapters named), as
+this version reads their records.
 
 A Newton–Schulz kernel (``--kernel MODULE:FN``, repeatable) gets a row of its own table: it
 runs every kernel gate (``gates/test_kernel_gates.py``; ``-k`` chooses only the optimizers'
@@ -87,18 +91,29 @@ def run_adapter(adapter: Adapter, out: Path, args: argparse.Namespace) -> Row:
         *(["--against", args.against] if adapter.kind != "kernel" else []),
         *(["--reference", args.reference] if args.reference and adapter.kind != "kernel" else []),
         *(["--probe-undeclared"] if adapter.kind == "probe" else []),
+        *(["--accept", str(Path(args.accept).resolve())] if args.accept and adapter.kind != "kernel" else []),
     ]  # fmt: skip
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
-        note = "" if done.returncode in (0, 1) else _usage(done.stdout + done.stderr)
-    except subprocess.TimeoutExpired:
-        note = f"the run took longer than {args.timeout:g} s and was stopped"
+    noted = directory / _NOTE
+    if args.render:  # the run this directory holds, read again
+        note = noted.read_text(encoding="utf-8") if noted.exists() else ""
+    else:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+            note = "" if done.returncode in (0, 1) else _usage(done.stdout + done.stderr)
+        except subprocess.TimeoutExpired:
+            note = f"the run took longer than {args.timeout:g} s and was stopped"
+        directory.mkdir(parents=True, exist_ok=True)
+        noted.write_text(note, encoding="utf-8")
     streams = sorted(directory.glob("results*.jsonl"))
     row = row_of(adapter.spec, adapter.package(), read_streams(streams) if streams else [], note, adapter.kind)
     if adapter.kind == "optimizer" and args.probe and _undeclared(row):
         probe = run_adapter(Adapter(adapter.spec, "probe"), out, args)
         row = with_probe(row, probe)
     return row
+
+
+#: beside a run's records: why it ended without a verdict, if it did (``--render`` reads it again)
+_NOTE = "matrix-note.txt"
 
 
 def _undeclared(row: Row) -> bool:
@@ -155,7 +170,10 @@ def row_of(spec: str, package: str, records: Sequence[object], note: str = "", k
         found = [f for f in summary.failures if f.gate == g.gate]  # one minimal case per kind of finding
         if g.failed_cases:
             crashed = any(f.finding in CRASHES for f in found)
-            cells[g.gate] = Cell("crashes" if crashed else "fails", "; ".join(_finding(f) for f in found), *n)
+            if g.accepted and not crashed:  # a finding the run's --accept file names, never bitwise
+                cells[g.gate] = Cell("accepted", g.accepted, *n)
+            else:
+                cells[g.gate] = Cell("crashes" if crashed else "differs", "; ".join(_finding(f) for f in found), *n)
         elif g.cases == g.not_judged:
             cells[g.gate] = Cell("not judged", "every case differed where no tier can judge it", *n)
         elif g.within_causes:
@@ -167,9 +185,9 @@ def row_of(spec: str, package: str, records: Sequence[object], note: str = "", k
             )
         elif g.tolerance_passes:
             tiers = ", ".join(t for t in g.tiers if t != "bitwise")
-            cells[g.gate] = Cell("tier", f"{tiers}, max|diff| {fmt(g.worst_abs_diff)}", *n)
+            cells[g.gate] = Cell("in tier", f"{tiers}, max|diff| {fmt(g.worst_abs_diff)}", *n)
         elif not g.comparisons:
-            cells[g.gate] = Cell("passes", "nothing compared: the gate's own verdict", *n)
+            cells[g.gate] = Cell("holds", "nothing compared: the gate's own verdict", *n)
         else:
             cells[g.gate] = Cell("bitwise", f"{g.bitwise}/{g.comparisons}", *n)
     for s in summary.skips:
@@ -178,7 +196,8 @@ def row_of(spec: str, package: str, records: Sequence[object], note: str = "", k
             cells[gate] = Cell("not supported", declared, 0)
     layouts = {family: _layout_cell(cases) for family, cases in _by_layout(records).items()}
     h = summary.header
-    return Row(spec, package, h.torch, h.backend, cells, layouts, note, kind, h.against)
+    commit = h.git_commit if h.git_commit != "unknown" else ""
+    return Row(spec, package, h.torch, h.backend, cells, layouts, note, kind, h.against, commit)
 
 
 def _with_itself(case: CaseResult) -> CaseResult:
@@ -186,12 +205,15 @@ def _with_itself(case: CaseResult) -> CaseResult:
 
 
 def _layout_cell(cases: list[CaseResult]) -> Cell:
-    """Every gate's cases of one layout family: fails if any failed, else within causes where any
-    was, bitwise or in a tier (cases not judged are counted, never as passes)."""
-    failed = sum(c.failed for c in cases)
+    """Every gate's cases of one layout family: crashes if any crashed, differs if any failed, else
+    within causes where any was, bitwise or in a tier (cases not judged are counted, never as passes)."""
+    failed = [c for c in cases if c.failed]
     n = (len(cases), sum(bool(c.narrowed) for c in cases))
+    crashed = sorted({c.finding for c in failed if c.finding in CRASHES})
+    if crashed:
+        return Cell("crashes", f"{len(failed)} of {len(cases)} cases failed ({', '.join(crashed)} among them)", *n)
     if failed:
-        return Cell("fails", f"{failed} of {len(cases)} cases failed", *n)
+        return Cell("differs", f"{len(failed)} of {len(cases)} cases failed", *n)
     within = sum(c.status == "within causes" for c in cases)
     unjudged = sum(c.status == "not judged" for c in cases)
     if unjudged == len(cases):
@@ -204,7 +226,7 @@ def _layout_cell(cases: list[CaseResult]) -> Cell:
         return Cell("bitwise", f"{len(comparisons)}/{len(comparisons)}", *n)
     # a NaN is the worst there is, wherever it came (``max`` keeps or drops it by its place)
     worst = functools.reduce(worse, (c.max_abs_diff for c in comparisons), 0.0)
-    return Cell("tier", f"max|diff| {fmt(worst)}", *n)
+    return Cell("in tier", f"max|diff| {fmt(worst)}", *n)
 
 
 def _declared_skip(s: Skip) -> tuple[str, str]:
@@ -232,6 +254,36 @@ def _finding(f: CaseResult) -> str:
         return f"{f.finding} at {f.case}: {first}"
     worst = functools.reduce(worse, (c.max_abs_diff for c in f.comparisons if not c.passed), None)
     return f"{f.finding} (max|diff| {fmt(worst)}) at {f.case}"
+
+
+def _this_run(argv: Sequence[str] | None) -> dict[str, str]:
+    """What made this matrix: its command, the muongate commit it ran at (where this is a git
+    checkout), the date, and the machine."""
+    import datetime
+    import platform
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "not a git checkout"
+    return {
+        "command": " ".join(["python -m harness.matrix", *args]),
+        "commit": commit,
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+
+
+def _previous_run(out: Path) -> dict[str, str]:
+    """The run a ``--render`` reads again, as its ``matrix.json`` names it (empty without one)."""
+    try:
+        return Matrix.from_json((out / "matrix.json").read_text(encoding="utf-8")).run
+    except (OSError, ValueError, KeyError):
+        return {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -272,6 +324,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="do not run an adapter once more on the features and layouts it does not declare",
     )
     parser.add_argument("--out", default="muongate-matrix", help="directory for the runs and the matrix")
+    parser.add_argument(
+        "--accept", metavar="FILE", default=None, help="an accepted-findings file for every optimizer's run (--accept)"
+    )
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: the matrix again from the runs under --out (the same adapters named), as this version reads them",
+    )
     args = parser.parse_args(argv)
     bad = [f"--{name} {getattr(args, name):g}" for name in ("nproc", "jobs", "timeout") if getattr(args, name) <= 0]
     if bad:
@@ -284,10 +344,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     adapters = [Adapter(spec) for spec in args.adapters] + [Adapter(spec, "kernel") for spec in args.kernel]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         matrix = Matrix(list(pool.map(lambda adapter: run_adapter(adapter, out, args), adapters)))
+    if args.render:
+        matrix = dataclasses.replace(matrix, run=_previous_run(out))
+    else:
+        matrix = dataclasses.replace(matrix, run=_this_run(argv))
     (out / "matrix.md").write_text(render_markdown(matrix), encoding="utf-8")
     (out / "matrix.html").write_text(render_html(matrix), encoding="utf-8")
+    (out / "matrix.json").write_text(matrix.to_json(), encoding="utf-8")
     render_terminal(matrix)
-    print(f"muongate matrix: {out}/matrix.md, matrix.html")
+    print(f"muongate matrix: {out}/matrix.md, matrix.html, matrix.json")
     return 0
 
 

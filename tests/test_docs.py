@@ -132,3 +132,24 @@ def test_the_getting_started_commands_fit_the_page_and_paste_as_one_command_each
         parsed = subprocess.run(["bash", "-n", "-c", joined], capture_output=True, text=True, check=False)
         assert parsed.returncode == 0, parsed.stderr
         assert shlex.split(joined)[:3] == ["python3", "-m", "venv"] and "&&" in shlex.split(joined), joined
+
+
+def test_the_matrix_page_shows_the_grid_its_last_run_wrote(site: Path) -> None:
+    """The page's grid is drawn at build time from the ``matrix.json`` that ``python -m harness.matrix``
+    wrote (a marker, ``docs/hooks.py``), so it cannot drift from the run: the file names the run that
+    wrote it (command, commit, date, machine), reads back as written, and every cell is on the page."""
+    from reports.matrix import Matrix
+
+    named = re.findall(r'\{\{ matrix\("([^"]+)"\) \}\}', (REPO / "docs/pages/matrix.md").read_text(encoding="utf-8"))
+    assert named, "docs/pages/matrix.md draws no grid"
+    page = (site / "matrix" / "index.html").read_text(encoding="utf-8")
+    for path in named:
+        text = (REPO / path).read_text(encoding="utf-8")
+        matrix = Matrix.from_json(text)
+        assert matrix.to_json() == text, f"{path} is not as harness.matrix writes it"
+        assert matrix.run["command"].startswith("python -m harness.matrix "), matrix.run
+        assert matrix.run["commit"] and matrix.run["date"] and matrix.run["machine"], matrix.run
+        cells = sum(len(matrix.table(kind)[1]) * (len(matrix.table(kind)[0]) - 3) for kind in matrix.kinds())
+        assert page.count('<td class="cell ') >= cells > 0
+        for row in matrix.rows:
+            assert row.spec in page and row.commit, row.spec
