@@ -89,3 +89,17 @@ class DroppedMomentTransformer(TransformerCase):
         for held in opt.state.values():
             if "exp_avg" in held:
                 held["exp_avg"].zero_()
+
+
+@dataclass(frozen=True)
+class DecayedOnResumeTransformer(TransformerCase):
+    """Resumes everything, then sets every param group's weight decay to the optimizer's default
+    (a framework that applies its config to the groups after a load, forgetting the mask): the
+    norms and embeddings ``Resume.no_decay`` names take weight decay from then on."""
+
+    def restored(self, opt: torch.optim.Optimizer, schedule: Any, state: dict[str, Any]) -> None:
+        super().restored(opt, schedule, state)
+        for group in opt.param_groups:
+            for key in ("weight_decay", "adamw_weight_decay"):
+                if key in opt.defaults:
+                    group[key] = opt.defaults[key]

@@ -27,6 +27,7 @@ import reference
 from gates.adamw_controls import L2DecayAdamW
 from gates.negative_controls import OffByOneRowsMuon
 from gates.step_controls import (
+    DecayedOnResumeTransformer,
     DroppedMicroBatchTransformer,
     DroppedMomentTransformer,
     NarrowReduceTransformer,
@@ -213,17 +214,20 @@ def test_mixed_precision_training_gate_catches_a_reduction_in_bf16_under_an_fp32
 
 
 # -- a resume across a learning-rate schedule (harness/models/step.py, Resume) --
-RESUMED = Resume("warmup_decay", after=2)
+RESUMED = Resume("warmup_decay", after=2, adamw_schedule="linear_decay", no_decay=("norm", "embed", "router"))
 
 
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_training_resumed_across_a_schedule_matches_single_process_reference(gate_runner: Any, name: Mlp) -> None:
     """The sharded side saves its model and optimizer with DCP and its schedule's state after two
     of four steps, loads them into a fresh model of other values laid out again, a fresh
-    optimizer and schedule, and trains on; one process trains straight through. Bitwise on 2
-    ranks: a resume that loses a moment, the schedule's position or a parameter differs."""
+    optimizer and schedule, and trains on; one process trains straight through. Muon's groups
+    warm up and decay, AdamW's decay linearly, and the norms, the embedding and the router
+    take no weight decay (groups of their own). Bitwise on 2 ranks, every step: the parameters
+    and states, each group's learning rate and decay, each parameter's step count; a resume
+    that loses a moment, the schedule's position, a mask or a parameter differs."""
     gate_runner.reference_only("training:resume")
-    case = TransformerCase(f"{name} MLP, warm-up and decay, resumed", mlp=name, steps=4, resume=RESUMED)
+    case = TransformerCase(f"{name} MLP, per-group schedules and masks, resumed", mlp=name, steps=4, resume=RESUMED)
     gate_runner.train("training:resume", _on(case, min(gate_config().nproc, 4)))
 
 
@@ -241,6 +245,15 @@ def test_resumed_training_gate_catches_a_schedule_restarted(gate_runner: Any) ->
 def test_resumed_training_gate_catches_a_moment_dropped(gate_runner: Any) -> None:
     planted = DroppedMomentTransformer("planted first moments dropped on resume", steps=4, resume=RESUMED)
     _caught(gate_runner, "negative:training:resume:DroppedMomentTransformer", planted)
+
+
+@pytest.mark.judges(
+    "the resume training gate, with a resume that decays the parameters the mask exempts (negative control)",
+    "muongate: gates",
+)
+def test_resumed_training_gate_catches_decay_applied_to_a_masked_parameter(gate_runner: Any) -> None:
+    planted = DecayedOnResumeTransformer("planted decay mask forgotten on resume", steps=4, resume=RESUMED)
+    _caught(gate_runner, "negative:training:resume:DecayedOnResumeTransformer", planted)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

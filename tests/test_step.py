@@ -85,6 +85,8 @@ def test_autocast_wraps_the_forward_only_where_declared():
         (lambda: TransformerCase("x", accumulation=Accumulation(2, "last_all_reduce")), "only under HSDP"),
         (lambda: Resume("cosine"), "schedule='cosine'"),
         (lambda: Resume(after=-1), "after=-1"),
+        (lambda: Resume(adamw_schedule="cosine"), "adamw_schedule='cosine'"),
+        (lambda: Resume(no_decay="norm"), "no_decay='norm'"),
         (lambda: TransformerCase("x", steps=2, resume=Resume(after=2)), "resume after=2 with steps=2"),
     ],
 )
@@ -165,3 +167,36 @@ def test_a_case_says_its_schedule_and_when_it_resumes():
     case = TransformerCase("x", steps=4, resume=Resume("warmup_decay", after=2))
     assert case.describe().endswith(", warmup_decay schedule, resumed after step 2)")
     assert "schedule" not in TransformerCase("x").describe()
+
+
+def test_a_decay_mask_moves_the_parameters_it_names_into_groups_that_decay_nothing():
+    import torch
+
+    a, b, c = (torch.zeros(2, 2) for _ in range(3))
+    groups = [
+        {"params": [a, b], "param_names": ["blocks.0.q", "blocks.0.router"], "use_muon": True},
+        {"params": [c], "param_names": ["norm.weight"], "use_muon": False},
+    ]
+    masked = Resume(no_decay=("norm", "router")).masked(groups)
+    assert [(g["param_names"], g.get("weight_decay"), g.get("adamw_weight_decay")) for g in masked] == [
+        (["blocks.0.q"], None, None),
+        (["blocks.0.router"], 0.0, 0.0),
+        (["norm.weight"], 0.0, 0.0),
+    ]
+    assert [g["use_muon"] for g in masked] == [True, True, False] and masked[1]["params"][0] is b
+    assert Resume().masked(groups) is groups
+
+
+def test_each_group_follows_its_own_schedule():
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))]
+    opt = torch.optim.SGD(
+        [{"params": [params[0]], "use_muon": True}, {"params": [params[1]], "use_muon": False}], lr=1.0
+    )
+    schedule = Resume("warmup_decay", adamw_schedule="linear_decay").on(opt)
+    assert schedule is not None
+    for step in range(3):
+        assert [g["lr"] for g in opt.param_groups] == [SCHEDULES["warmup_decay"](step), SCHEDULES["linear_decay"](step)]
+        opt.step()
+        schedule.step()

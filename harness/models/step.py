@@ -159,33 +159,65 @@ SCHEDULES: dict[str, Callable[[int], float]] = {
     "constant": lambda step: 1.0,
     # two steps of warm-up, then halved each step
     "warmup_decay": lambda step: min(1.0, (step + 1) / 2) * 0.5 ** max(0, step - 1),
+    # an eighth less each step
+    "linear_decay": lambda step: max(0.0, 1.0 - step / 8),
 }
 
 
 @dataclass(frozen=True)
 class Resume:
     """A case's learning-rate schedule (one of ``SCHEDULES``, stepped after every optimizer
-    step) and, where ``after`` > 0, the sharded side's resume after that many steps."""
+    step; ``adamw_schedule``: another for the AdamW groups, a schedule per group as
+    torchtitan and Megatron give their embeddings and norms) and, where ``after`` > 0, the
+    sharded side's resume after that many steps. ``no_decay``: parameters, by a part of their
+    name, that take no weight decay (a group of their own with ``weight_decay`` and
+    ``adamw_weight_decay`` 0, as users mask norms and embeddings)."""
 
     schedule: str = "constant"
     after: int = 0
+    adamw_schedule: str | None = None
+    no_decay: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"Resume schedule={self.schedule!r}: one of {sorted(SCHEDULES)}")
+        for field_name in ("schedule", "adamw_schedule"):
+            named = getattr(self, field_name)
+            if named is not None and named not in SCHEDULES:
+                raise ValueError(f"Resume {field_name}={named!r}: one of {sorted(SCHEDULES)}")
         if self.after < 0:
             raise ValueError(f"Resume after={self.after}: a number of steps, 0 for none")
+        if isinstance(self.no_decay, str) or not all(isinstance(n, str) and n for n in self.no_decay):
+            raise ValueError(f"Resume no_decay={self.no_decay!r}: a tuple of parts of parameter names")
 
     def on(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR | None:
-        """The schedule, on ``opt``'s every param group; ``None`` where the case declares neither a
+        """The schedule, on ``opt``'s every param group (an AdamW group, ``use_muon`` False, on
+        ``adamw_schedule`` where there is one); ``None`` where the case declares neither a
         schedule nor a resume (no scheduler touches its optimizers)."""
         if self == THROUGH:
             return None
-        return torch.optim.lr_scheduler.LambdaLR(opt, SCHEDULES[self.schedule])
+        adamw = self.adamw_schedule or self.schedule
+        factors = [SCHEDULES[self.schedule if g.get("use_muon", True) else adamw] for g in opt.param_groups]
+        return torch.optim.lr_scheduler.LambdaLR(opt, factors)
+
+    def masked(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``groups`` (each with its ``param_names``) with the parameters ``no_decay`` names moved
+        into a group of their own beside each, which decays nothing."""
+        if not self.no_decay:
+            return groups
+        out = []
+        for group in groups:
+            named = list(zip(group["param_names"], group["params"], strict=True))
+            for masked in (False, True):
+                kept = [(n, p) for n, p in named if any(part in n for part in self.no_decay) == masked]
+                if kept:
+                    decay = {"weight_decay": 0.0, "adamw_weight_decay": 0.0} if masked else {}
+                    out.append({**group, "params": [p for _, p in kept], "param_names": [n for n, _ in kept], **decay})
+        return out
 
     def clause(self) -> str:
         """``", " + what it declares`` where it declares anything; else nothing."""
         parts = [f"{self.schedule} schedule"] if self.schedule != "constant" else []
+        parts += [f"AdamW on a {self.adamw_schedule} schedule"] if self.adamw_schedule else []
+        parts += [f"no decay for {', '.join(self.no_decay)}"] if self.no_decay else []
         parts += [f"resumed after step {self.after}"] if self.after else []
         return "".join(f", {part}" for part in parts)
 

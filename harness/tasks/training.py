@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -31,7 +32,7 @@ from torch import Tensor, nn
 from harness.algorithms import reference_of
 from harness.cases.case import optimizer_settings
 from harness.layouts import FSDP, FSDP_TP, Layout
-from harness.models.step import accumulation_of, one_device_gradients, precision_of, replicas_of, resume_of
+from harness.models.step import THROUGH, accumulation_of, one_device_gradients, precision_of, replicas_of, resume_of
 from harness.ranks import RankContext
 from harness.ranks.switches import hold
 from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, params_bytes, remove_checkpoint
@@ -173,11 +174,12 @@ def model_groups(spec: TrainingSpec, model: nn.Module) -> list[dict[str, Any]]:
 
 def spec_groups(spec: TrainingSpec, model: nn.Module) -> list[dict[str, Any]]:
     """The param groups of the spec's reference: a hybrid one's (Muon's) ``model_groups``, else
-    one group of every parameter, by name."""
+    one group of every parameter, by name; the parameters its ``Resume.no_decay`` names in
+    groups of their own that decay nothing."""
     if reference_of(spec).hybrid:
-        return model_groups(spec, model)
+        return resume_of(spec).masked(model_groups(spec, model))
     named = list(model.named_parameters())
-    return [{"params": [p for _, p in named], "param_names": [n for n, _ in named]}]
+    return resume_of(spec).masked([{"params": [p for _, p in named], "param_names": [n for n, _ in named]}])
 
 
 def reference_optimizer(spec: TrainingSpec, model: nn.Module) -> torch.optim.Optimizer:
@@ -260,6 +262,8 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
         records += compare_params_and_state(
             pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference_of(spec).state, tier=tier
         )
+        if resume != THROUGH:
+            records += _positions((ref_model, ref_opt), names, opt, step, ctx.rank)
     held_out.append(spec.evaluate(ref_model, device))
     ref_state = {name: ref_opt.state.get(p) for name, p in ref_model.named_parameters()}
     declared = (
@@ -270,6 +274,36 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     )
     routes = routes_of(reference_of(spec), declared, opt, ctx.rank)
     return TaskResult(tuple(records), {"train_bits": curve, "held_out_bits": held_out}, routes)
+
+
+def _positions(
+    ref: tuple[nn.Module, torch.optim.Optimizer],
+    names: Mapping[str, Tensor],
+    opt: torch.optim.Optimizer,
+    step: int,
+    rank: int,
+) -> list[Comparison]:
+    """Where a scheduled or resumed case stands: each param group's learning rate (the schedule's
+    position; a group matched by its parameters' names, one the candidate does not hold so is not
+    compared), its weight decay, and each parameter's step count, against the reference's."""
+    ref_model, ref_opt = ref
+    out: list[Comparison] = []
+    held = {tuple(g.get("param_names", ())): g for g in opt.param_groups}
+    for g in ref_opt.param_groups:
+        mine = held.get(tuple(g["param_names"]))
+        if mine is None:
+            continue
+        label = f"group of {g['param_names'][0]}"
+        for key in ("lr", "weight_decay", "adamw_weight_decay"):
+            if key in g and key in mine:
+                expected, got = (torch.tensor(float(v), dtype=torch.float64) for v in (g[key], mine[key]))
+                out.append(compare(expected, got, tensor=f"{key}[{label}]", step=step, rank=rank))
+    for name, ref_p in ref_model.named_parameters():
+        counts = (ref_opt.state.get(ref_p, {}).get("step"), opt.state.get(names[name], {}).get("step"))
+        if None not in counts:
+            expected, got = (torch.tensor(float(c), dtype=torch.float64) for c in counts)
+            out.append(compare(expected, got, tensor=f"{name}.step", step=step, rank=rank))
+    return out
 
 
 def forward_loss(spec: TrainingSpec, model: nn.Module, rank: int, batch: int, device: torch.device) -> Tensor:
