@@ -46,7 +46,7 @@ from pathlib import Path
 from reports.matrix import Cell, Matrix, Row, render_html, render_markdown, render_terminal
 from reports.records import CaseResult, Header, Skip
 from reports.stream import read_streams
-from reports.summary import cause_reach_text, fmt, summarize, worse
+from reports.summary import cause_reach_text, fmt, gate_outcome, summarize, worse
 
 CRASHES = ("hang", "abort", "collective mismatch", "error")
 
@@ -176,20 +176,24 @@ def row_of(spec: str, package: str, records: Sequence[object], note: str = "", k
                 cells[g.gate] = Cell("crashes" if crashed else "differs", "; ".join(_finding(f) for f in found), *n)
         elif g.cases == g.not_judged:
             cells[g.gate] = Cell("not judged", "every case differed where no tier can judge it", *n)
-        elif g.within_causes:
-            unjudged = f"; {g.not_judged} not judged" if g.not_judged else ""
-            cells[g.gate] = Cell(
-                "within causes",
-                f"{g.within_causes} within its causes, {cause_reach_text(g.cause_reach)}{unjudged}",
-                *n,
-            )
-        elif g.tolerance_passes:
-            tiers = ", ".join(t for t in g.tiers if t != "bitwise")
-            cells[g.gate] = Cell("in tier", f"{tiers}, max|diff| {fmt(g.worst_abs_diff)}", *n)
-        elif not g.comparisons:
-            cells[g.gate] = Cell("holds", "nothing compared: the gate's own verdict", *n)
         else:
-            cells[g.gate] = Cell("bitwise", f"{g.bitwise}/{g.comparisons}", *n)
+            # the cases judged, and those no tier could judge, which never count as passes
+            unjudged = f"; {g.not_judged} of {g.cases} cases not judged" if g.not_judged else ""
+            outcome = gate_outcome(g)
+            if outcome == "within causes":
+                cells[g.gate] = Cell(
+                    "within causes",
+                    f"{g.within_causes} within its causes, {cause_reach_text(g.cause_reach)}{unjudged}",
+                    *n,
+                )
+            elif outcome == "in tier":
+                tiers = ", ".join(sorted(g.tiers - {"bitwise"})) or "its own tier"
+                worst = f", max|diff| {fmt(g.worst_abs_diff)}" if g.comparisons else ": the gate's own verdict in it"
+                cells[g.gate] = Cell("in tier", f"{tiers}{worst}{unjudged}", *n)
+            elif not g.comparisons:
+                cells[g.gate] = Cell("holds", f"nothing compared: the gate's own verdict{unjudged}", *n)
+            else:
+                cells[g.gate] = Cell("bitwise", f"{g.bitwise}/{g.comparisons}{unjudged}", *n)
     for s in summary.skips:
         gate, declared = _declared_skip(s)
         if gate and gate not in cells:

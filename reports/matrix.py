@@ -66,9 +66,9 @@ class Matrix:
     rows: list[Row]
     #: what made it (``harness.matrix``): its command, commit, date and machine
     run: dict[str, str] = field(default_factory=dict)
-    #: adapter spec → gate → the number of the finding its cell shows, where a reader wrote one
-    #: down (the docs' numbered findings: a cell of the grid links to its finding)
-    findings: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: adapter spec → column (a gate, or ``layout: …``) → the numbers of the findings its cell
+    #: shows, where a reader wrote them down (the docs' numbered findings: the grid links to them)
+    findings: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """The whole matrix, as ``from_json`` reads it back (``matrix.json``: what a page's grid is drawn from)."""
@@ -79,7 +79,10 @@ class Matrix:
     def from_json(cls, text: str) -> Matrix:
         data = json.loads(text)
         rows = [Row.from_json(r) for r in data["rows"]]
-        return cls(rows, dict(data.get("run", {})), {k: dict(v) for k, v in data.get("findings", {}).items()})
+        findings = {
+            spec: {column: list(ns) for column, ns in cells.items()} for spec, cells in data.get("findings", {}).items()
+        }
+        return cls(rows, dict(data.get("run", {})), findings)
 
     def kinds(self) -> list[str]:
         """The kinds of row it has, in ``KINDS`` order."""
@@ -168,8 +171,11 @@ def render_grid(matrix: Matrix, scope: str = ".muongate-matrix") -> str:
     that is not plainly bitwise says, a cell's identical verdicts in a row said once. A cell links
     to its line, and shows its whole verdict on hover (``title``). Its style applies under
     ``scope`` only (a docs page's own tables keep theirs)."""
+    # a cell tried where its adapter declared nothing keeps its verdict's colour, dashed (the legend's
+    # "probed" swatch alone is white)
     style = _STYLE.format(scope=scope) + "".join(
-        f"{scope} .{name}{{background:{bg};color:{fg}}}" for name, (bg, fg, _) in COLOURS.items()
+        f"{scope} {'.legend span' if name == 'probed' else ''}.{name}{{background:{bg};color:{fg}}}"
+        for name, (bg, fg, _) in COLOURS.items()
     )
     legend = "".join(f'<span class="{name}">{html.escape(text)}</span>' for name, (_, _, text) in COLOURS.items())
     made = " · ".join(html.escape(f"{k}: {v}") for k, v in matrix.run.items() if v)
@@ -182,7 +188,7 @@ def render_grid(matrix: Matrix, scope: str = ".muongate-matrix") -> str:
 
 
 def _html_table(
-    k: int, title: str, columns: list[str], rows: list[list[str]], findings: dict[str, dict[str, int]]
+    k: int, title: str, columns: list[str], rows: list[list[str]], findings: dict[str, dict[str, list[int]]]
 ) -> str:
     """The grid, a row header each (package, adapter, torch and backend), then the prose beneath
     it, each line linked to the numbered findings (``Matrix.findings``) of its cells."""
@@ -197,7 +203,7 @@ def _html_table(
         cells = [f'<td class="row"><b>{package}</b><br>{spec + "<br>" if spec else ""}<small>{ran}</small></td>']
         said: dict[str, list[str]] = {}  # a verdict's text → the columns it is the verdict of
         for column, text in zip(columns[3:], row[3:], strict=True):
-            if not text.startswith(_PLAIN):
+            if not text.startswith(_PLAIN) or "not judged" in text:
                 said.setdefault(text, []).append(column)
         lines = list(said)
         for column, text in zip(columns[3:], row[3:], strict=True):
@@ -222,11 +228,10 @@ def _html_table(
     )
 
 
-def _finding_links(numbered: dict[str, int], columns: list[str]) -> str:
+def _finding_links(numbered: dict[str, list[int]], columns: list[str]) -> str:
     """Links to the numbered findings of ``columns`` (a docs page's ``#finding-N``), if any."""
-    return "".join(
-        f' (<a href="#finding-{n}">finding {n}</a>)' for n in sorted({numbered[c] for c in columns if c in numbered})
-    )
+    found = sorted({n for c in columns for n in numbered.get(c, ())})
+    return "".join(f' (<a href="#finding-{n}">finding {n}</a>)' for n in found)
 
 
 def _status_class(text: str) -> str:

@@ -151,5 +151,5 @@ def test_the_matrix_page_shows_the_grid_its_last_run_wrote(site: Path) -> None:
         assert matrix.run["commit"] and matrix.run["date"] and matrix.run["machine"], matrix.run
         cells = sum(len(matrix.table(kind)[1]) * (len(matrix.table(kind)[0]) - 3) for kind in matrix.kinds())
         assert page.count('<td class="cell ') >= cells > 0
-        for row in matrix.rows:
-            assert row.spec in page and row.commit, row.spec
+        for row in matrix.rows:  # a row that ran names the commit it ran at (one that did not import, nothing)
+            assert row.spec in page and (row.commit or not row.torch), row.spec

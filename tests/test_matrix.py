@@ -226,7 +226,9 @@ def test_the_matrix_gives_the_published_kernels_a_table_of_their_own(tmp_path: P
     assert set(kernels) == set(KERNELS), sorted(kernels)
     gram = kernels["examples.gram_newton_schulz_adapter:gram_newton_schulz"]
     assert gram["kernel:vs_reference"].startswith("differs ("), gram  # float16 inside, against fp32's tier
-    assert gram["kernel:oracle"].startswith("holds ("), gram
+    assert gram["kernel:oracle"].startswith("in tier (8): oracle: the gate's own verdict in it"), (
+        gram
+    )  # as the report says
 
 
 def test_the_matrix_page_is_a_coloured_grid_that_renders_in_headless_chromium(tmp_path: Path) -> None:
@@ -334,7 +336,7 @@ def test_the_matrix_reads_back_as_written_and_links_each_cell_to_its_finding() -
     assert (row.gates["one_step"].status, row.gates["several_steps"].status) == ("differs", "accepted")
     assert row.gates["several_steps"].detail == "finding 27: bf16 momentum, documented" and row.commit == "abc1234"
     run = {"command": "python -m harness.matrix x:y", "commit": "abc1234", "date": "2026-12-07", "machine": "m"}
-    matrix = Matrix([row], run, {"x:y": {"one_step": 3}})
+    matrix = Matrix([row], run, {"x:y": {"one_step": [3]}})
     assert Matrix.from_json(matrix.to_json()) == matrix
     grid = render_grid(matrix)
     assert '<td class="cell accepted" title="several_steps: accepted (1): finding 27' in grid
@@ -347,3 +349,18 @@ def test_a_layout_cell_with_a_crashed_case_says_crashes_not_differs() -> None:
     assert row_of("x:y", "x 1.0", records).layouts["fsdp"].text() == (
         "crashes (2): 1 of 2 cases failed (hang among them)"
     )
+
+
+def test_a_cell_with_cases_no_tier_could_judge_counts_them_beside_its_verdict() -> None:
+    """A gate whose other cases were bitwise reads bitwise, as the report's outcome does, and says
+    how many of its cases were not judged, on the grid's prose line too: never a bare bitwise."""
+    from reports.matrix import render_html
+
+    records = [
+        Header(torch="2.13.0+cpu", backend="gloo"),
+        _case(1, "one_step"),
+        _case(2, "one_step", "not judged", bitwise=False, passed=False, max_abs_diff=0.0156),
+    ]
+    row = row_of("x:y", "x 1.0", records)
+    assert row.gates["one_step"].text() == "bitwise (2): 1/2; 1 of 2 cases not judged"
+    assert "<b>one_step</b>: bitwise (2): 1/2; 1 of 2 cases not judged</li>" in render_html(Matrix([row]))
