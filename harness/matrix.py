@@ -11,8 +11,9 @@ max|diff|), ``within causes``, ``holds`` (the gate's own verdict with nothing to
 an input refused by name), ``differs`` (max|diff| and the minimal case), ``accepted`` (differs,
 as a finding the ``--accept FILE`` given to every run names), ``crashes`` (hang, abort,
 collective mismatch or error, with the message), ``not judged``, ``not supported`` (skipped
-for a declaration the candidate made, named) or ``not run``. A cell counts only what ran the candidate: a gate of muongate's own code
-(``judges``) is skipped under ``--impl`` and shows as ``not run``. Where an adapter leaves a
+for a declaration the candidate made, named) or ``not run``; a cell counts the cases no tier
+could judge beside its verdict. A cell counts only what ran the candidate: a gate of
+muongate's own code (``judges``) is skipped under ``--impl`` and shows as ``not run``. Where an adapter leaves a
 feature or layout undeclared, the matrix runs it once more with ``--probe-undeclared`` (its
 report under ``OUT/<slug>-probe/``), and a cell it had narrowed or skipped for that says what
 the package did there: ``not declared: tried: bitwise …``, ``… crashes …`` (``--no-probe``
@@ -261,22 +262,17 @@ def _finding(f: CaseResult) -> str:
 
 
 def _this_run(argv: Sequence[str] | None) -> dict[str, str]:
-    """What made this matrix: its command, the muongate commit it ran at (where this is a git
-    checkout), the date, and the machine."""
+    """What made this matrix: its command, the muongate commit it ran at (as a run's header
+    names it), the date, and the machine."""
     import datetime
     import platform
 
+    from harness.runinfo import muongate_commit
+
     args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        here = Path(__file__).resolve().parent
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "not a git checkout"
     return {
         "command": " ".join(["python -m harness.matrix", *args]),
-        "commit": commit,
+        "commit": muongate_commit(),
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }
