@@ -74,7 +74,9 @@ def matrix_grid(path: Path) -> str:
         sys.path.insert(0, str(REPO))
     from reports.matrix import Matrix, render_grid
 
-    return "\n" + render_grid(Matrix.from_json(path.read_text(encoding="utf-8"))) + "\n"
+    # each grid's lines get ids of their own: a page may hold several
+    anchors = "m-" + re.sub(r"[^A-Za-z0-9]+", "-", path.stem) + "-"
+    return "\n" + render_grid(Matrix.from_json(path.read_text(encoding="utf-8")), anchors=anchors) + "\n"
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

@@ -164,13 +164,14 @@ def render_html(matrix: Matrix) -> str:
     )
 
 
-def render_grid(matrix: Matrix, scope: str = ".muongate-matrix") -> str:
+def render_grid(matrix: Matrix, scope: str = ".muongate-matrix", anchors: str = "m") -> str:
     """The matrix as an HTML block of its own (no scripts), for a page or a docs page: what made it,
     the legend, and a grid per kind of row, a row per adapter and a column per gate and layout
     family, each cell its verdict's colour and first words; beneath it, the prose: what each cell
     that is not plainly bitwise says, a cell's identical verdicts in a row said once. A cell links
     to its line, and shows its whole verdict on hover (``title``). Its style applies under
-    ``scope`` only (a docs page's own tables keep theirs)."""
+    ``scope`` only (a docs page's own tables keep theirs); its lines' ids begin with ``anchors``
+    (a page that holds several grids gives each its own)."""
     # a cell tried where its adapter declared nothing keeps its verdict's colour, dashed (the legend's
     # "probed" swatch alone is white)
     style = _STYLE.format(scope=scope) + "".join(
@@ -180,7 +181,8 @@ def render_grid(matrix: Matrix, scope: str = ".muongate-matrix") -> str:
     legend = "".join(f'<span class="{name}">{html.escape(text)}</span>' for name, (_, _, text) in COLOURS.items())
     made = " · ".join(html.escape(f"{k}: {v}") for k, v in matrix.run.items() if v)
     tables = "".join(
-        _html_table(k, KINDS[kind], *matrix.table(kind), matrix.findings) for k, kind in enumerate(matrix.kinds())
+        _html_table(f"{anchors}{k}", KINDS[kind], *matrix.table(kind), matrix.findings)
+        for k, kind in enumerate(matrix.kinds())
     )
     block = f"<style>{style}</style>" + (f"<p><small>{made}</small></p>" if made else "")
     block += f"<p class='legend'>{legend}</p>{tables}"
@@ -188,7 +190,7 @@ def render_grid(matrix: Matrix, scope: str = ".muongate-matrix") -> str:
 
 
 def _html_table(
-    k: int, title: str, columns: list[str], rows: list[list[str]], findings: dict[str, dict[str, list[int]]]
+    k: str, title: str, columns: list[str], rows: list[list[str]], findings: dict[str, dict[str, list[int]]]
 ) -> str:
     """The grid, a row header each (package, adapter, torch and backend), then the prose beneath
     it, each line linked to the numbered findings (``Matrix.findings``) of its cells."""
@@ -209,14 +211,14 @@ def _html_table(
         for column, text in zip(columns[3:], row[3:], strict=True):
             short = html.escape(text.split(":", 1)[0])
             if text in said:
-                short = f'<a href="#m{k}-{i}-{lines.index(text)}">{short}</a>'
+                short = f'<a href="#{k}-{i}-{lines.index(text)}">{short}</a>'
             whole = html.escape(f"{column}: {text}")
             cells.append(f'<td class="cell {_status_class(text)}" title="{whole}">{short}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
         if lines:
             numbered = findings.get(row[1], {})
             items = "".join(
-                f'<li id="m{k}-{i}-{j}"><b>{html.escape(", ".join(said[text]))}</b>: {html.escape(text)}'
+                f'<li id="{k}-{i}-{j}"><b>{html.escape(", ".join(said[text]))}</b>: {html.escape(text)}'
                 f"{_finding_links(numbered, said[text])}</li>"
                 for j, text in enumerate(lines)
             )

@@ -153,3 +153,5 @@ def test_the_matrix_page_shows_the_grid_its_last_run_wrote(site: Path) -> None:
         assert page.count('<td class="cell ') >= cells > 0
         for row in matrix.rows:  # a row that ran names the commit it ran at (one that did not import, nothing)
             assert row.spec in page and (row.commit or not row.torch), row.spec
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})  # each grid's lines link to its own
