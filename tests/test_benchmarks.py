@@ -68,3 +68,27 @@ def test_main_job_benchmark_names_each_phase_of_a_gate_session_and_how_busy_the_
         assert f"  {phase}" in run.stdout, run.stdout
     assert "test_hand_picked_edge_case_matches_reference_bitwise[uneven-7x5]" in run.stdout, run.stdout
     assert "the machine's cores were busy" in run.stdout
+
+
+def test_the_main_job_is_recorded_for_the_gates_it_runs_within_its_cpu_budget() -> None:
+    """``benchmarks/main_job.json`` is the main job measured on the gates this checkout has: a change
+    that adds or removes a gate test fails here until it measures the job again (and the new
+    record must stay within ``CPU_SECONDS_BUDGET``), so that the job's cost is never paid
+    unmeasured."""
+    import json
+
+    from benchmarks.main_job import CPU_SECONDS_BUDGET, RECORD
+
+    record = json.loads(RECORD.read_text(encoding="utf-8"))
+    listed = run_python(
+        "-m", "pytest", "-m", "gate", "--nproc", "2", "--co", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+        timeout=300, cwd=REPO, env=repo_env(),
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-3000:]
+    gates = {line for line in listed.stdout.splitlines() if "::" in line}
+    added, removed = sorted(gates - set(record["gates"])), sorted(set(record["gates"]) - gates)
+    assert not (added or removed), (
+        f"the main job's gates changed since {RECORD.name} was recorded (added {added}, removed {removed}): "
+        "measure it again with python -m benchmarks.main_job --record benchmarks/main_job.json"
+    )
+    assert record["median_cpu_s"] <= CPU_SECONDS_BUDGET, record
