@@ -7,7 +7,7 @@ that restarts the schedule or drops Adam's moments); the training gates must cat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -103,3 +103,15 @@ class DecayedOnResumeTransformer(TransformerCase):
             for key in ("weight_decay", "adamw_weight_decay"):
                 if key in opt.defaults:
                     group[key] = opt.defaults[key]
+
+
+@dataclass(frozen=True)
+class OldDivisorOnResumeTransformer(TransformerCase):
+    """Resumed on fewer ranks, its FSDP2 still divides the summed gradients by the world it
+    saved on (a divide factor carried over from the old job's config): every gradient after
+    the resume is smaller by the new world over the old."""
+
+    def shard(self, model: nn.Module, mesh: Any) -> None:
+        super().shard(model, mesh)
+        if mesh.size() < self.world_size:
+            cast(FSDPModule, model).set_gradient_divide_factor(float(self.world_size))

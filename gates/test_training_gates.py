@@ -31,6 +31,7 @@ from gates.step_controls import (
     DroppedMicroBatchTransformer,
     DroppedMomentTransformer,
     NarrowReduceTransformer,
+    OldDivisorOnResumeTransformer,
     RestartedScheduleTransformer,
     ShardGroupOnlyTransformer,
     SummedReduceTransformer,
@@ -254,6 +255,31 @@ def test_resumed_training_gate_catches_a_moment_dropped(gate_runner: Any) -> Non
 def test_resumed_training_gate_catches_decay_applied_to_a_masked_parameter(gate_runner: Any) -> None:
     planted = DecayedOnResumeTransformer("planted decay mask forgotten on resume", steps=4, resume=RESUMED)
     _caught(gate_runner, "negative:training:resume:DecayedOnResumeTransformer", planted)
+
+
+def test_training_resumed_on_fewer_ranks_matches_single_process_reference(gate_runner: Any) -> None:
+    """The sharded side saves after two of four steps on all its ranks and resumes on half of
+    them (an elastic restart on fewer hosts: a mesh of its own, DCP resharding the checkpoint);
+    one process trains straight through and, from the resume on, on the remaining ranks' data
+    alone. Bitwise at 2 ranks (resumed on 1), in the reduction-order tier at 4 (on 2)."""
+    gate_runner.reference_only("training:resume")
+    world = min(gate_config().nproc, 4)
+    case = TransformerCase(
+        f"dense MLP, resumed on {world // 2} of {world} ranks", steps=4,
+        resume=replace(RESUMED, world=world // 2), world_size=world,
+    )  # fmt: skip
+    gate_runner.train("training:resume", case)
+
+
+@pytest.mark.judges(
+    "the resume training gate on fewer ranks, with a resume that keeps the old world's divisor (negative control)",
+    "muongate: gates",
+)
+def test_resumed_training_gate_catches_the_old_worlds_divisor_after_a_resume_on_fewer_ranks(gate_runner: Any) -> None:
+    planted = OldDivisorOnResumeTransformer(
+        "planted old divisor on fewer ranks", steps=4, resume=replace(RESUMED, world=1), world_size=2
+    )
+    _caught(gate_runner, "negative:training:resume:OldDivisorOnResumeTransformer", planted)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

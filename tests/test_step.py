@@ -87,6 +87,8 @@ def test_autocast_wraps_the_forward_only_where_declared():
         (lambda: Resume(after=-1), "after=-1"),
         (lambda: Resume(adamw_schedule="cosine"), "adamw_schedule='cosine'"),
         (lambda: Resume(no_decay="norm"), "no_decay='norm'"),
+        (lambda: Resume(world=1), "world=1: the ranks a resume continues on, with after > 0"),
+        (lambda: TransformerCase("x", resume=Resume(after=1, world=2)), "resume world=2 with world_size=2"),
         (lambda: TransformerCase("x", steps=2, resume=Resume(after=2)), "resume after=2 with steps=2"),
     ],
 )

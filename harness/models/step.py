@@ -169,14 +169,17 @@ class Resume:
     """A case's learning-rate schedule (one of ``SCHEDULES``, stepped after every optimizer
     step; ``adamw_schedule``: another for the AdamW groups, a schedule per group as
     torchtitan and Megatron give their embeddings and norms) and, where ``after`` > 0, the
-    sharded side's resume after that many steps. ``no_decay``: parameters, by a part of their
-    name, that take no weight decay (a group of their own with ``weight_decay`` and
-    ``adamw_weight_decay`` 0, as users mask norms and embeddings)."""
+    sharded side's resume after that many steps; ``world``: on that many of its ranks (0: all),
+    the data of the ranks left out no longer in the step, on either side (an elastic restart
+    on fewer hosts). ``no_decay``: parameters, by a part of their name, that take no weight
+    decay (a group of their own with ``weight_decay`` and ``adamw_weight_decay`` 0, as users
+    mask norms and embeddings)."""
 
     schedule: str = "constant"
     after: int = 0
     adamw_schedule: str | None = None
     no_decay: tuple[str, ...] = ()
+    world: int = 0
 
     def __post_init__(self) -> None:
         for field_name in ("schedule", "adamw_schedule"):
@@ -187,6 +190,8 @@ class Resume:
             raise ValueError(f"Resume after={self.after}: a number of steps, 0 for none")
         if isinstance(self.no_decay, str) or not all(isinstance(n, str) and n for n in self.no_decay):
             raise ValueError(f"Resume no_decay={self.no_decay!r}: a tuple of parts of parameter names")
+        if self.world < 0 or (self.world and not self.after):
+            raise ValueError(f"Resume world={self.world}: the ranks a resume continues on, with after > 0 (0: all)")
 
     def on(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR | None:
         """The schedule, on ``opt``'s every param group (an AdamW group, ``use_muon`` False, on
@@ -219,6 +224,7 @@ class Resume:
         parts += [f"AdamW on a {self.adamw_schedule} schedule"] if self.adamw_schedule else []
         parts += [f"no decay for {', '.join(self.no_decay)}"] if self.no_decay else []
         parts += [f"resumed after step {self.after}"] if self.after else []
+        parts += [f"on {self.world} rank{'s' if self.world != 1 else ''}"] if self.world else []
         return "".join(f", {part}" for part in parts)
 
 

@@ -71,6 +71,11 @@ class TransformerCase:
             raise ValueError(
                 f"TransformerCase replicate={self.replicate}: HSDP's replicas must divide world_size={self.world_size}"
             )
+        if self.resume.world and (self.resume.world >= self.world_size or self.replicate > 1):
+            raise ValueError(
+                f"TransformerCase resume world={self.resume.world} with world_size={self.world_size}, "
+                f"replicate={self.replicate}: a resume continues on fewer ranks of a 1-D mesh"
+            )
         if self.resume.after >= self.steps:
             raise ValueError(
                 f"TransformerCase resume after={self.resume.after} with steps={self.steps}: it resumes before its last step"

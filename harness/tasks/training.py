@@ -229,10 +229,11 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
     curve: list[float] = []
     held_out = [spec.evaluate(ref_model, device)]
     names = dict(model.named_parameters())
+    stepping = spec  # the step's ranks and their data: after a resume on fewer ranks, theirs alone
     for step in range(spec.steps):
-        ref_losses = _reference_step_grads(ref_model, spec, step, device)
+        ref_losses = _reference_step_grads(ref_model, stepping, step, device)
         curve.append(
-            float(sum(sum(r) for r in ref_losses)) / spec.world_size / accumulation.micro_batches / math.log(2)
+            float(sum(sum(r) for r in ref_losses)) / stepping.world_size / accumulation.micro_batches / math.log(2)
         )
         for micro in range(accumulation.micro_batches):
             accumulation.before(model, micro)
@@ -256,8 +257,13 @@ def run_training_case(ctx: RankContext, spec: TrainingSpec) -> TaskResult:
             if stepped is not None:
                 stepped.step()
         if step + 1 == resume.after:
-            model, opt, schedule = _resumed(ctx, spec, mesh, (model, opt, schedule), device)
+            resumed = _resumed(ctx, spec, mesh, (model, opt, schedule), device)
+            if resumed is None:  # a rank the resume left out: its part ends with the save
+                return TaskResult(tuple(records))
+            model, opt, schedule = resumed
             names = dict(model.named_parameters())
+            if resume.world:
+                stepping = replace(cast(Any, spec), world_size=resume.world, resume=replace(resume, world=0))
         pairs = ((name, ref_p, names[name]) for name, ref_p in ref_model.named_parameters())
         records += compare_params_and_state(
             pairs, ref_opt, opt, step=step, rank=ctx.rank, keys=reference_of(spec).state, tier=tier
@@ -433,14 +439,22 @@ def _whole(t: Tensor) -> Tensor:
 
 def _resumed(
     ctx: RankContext, spec: TrainingSpec, mesh: Any, side: tuple[nn.Module, torch.optim.Optimizer, Any], device: Any
-) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    """The sharded side saved (model and optimizer with DCP, the schedule's ``state_dict``) and
-    loaded into a fresh model of other values laid out again, a fresh optimizer and a fresh
-    schedule (``harness.models.step.Resume``); the spec restores the schedule (``restored``)."""
+) -> tuple[nn.Module, torch.optim.Optimizer, Any] | None:
+    """The sharded side saved (model and optimizer with DCP, the schedule's ``state_dict``) by
+    all its ranks and loaded into a fresh model of other values laid out again, a fresh
+    optimizer and a fresh schedule (``harness.models.step.Resume``), on the resume's ranks
+    (``Resume.world``: ranks ``0 .. world-1`` on a mesh of their own; ``None`` on a rank left
+    out); the spec restores the schedule (``restored``)."""
     model, opt, schedule = side
     path = checkpoint_dir(ctx, params_bytes(model.parameters()))
     dcp_save(model, opt, path, ctx.group)
     saved = schedule.state_dict()
+    world = resume_of(spec).world or ctx.world_size
+    if ctx.rank >= world:
+        return None  # the save is whole once dcp.save returns on every rank; the others load it
+    group = ctx.group if world == ctx.world_size else ctx.world_groups[world]
+    if world != ctx.world_size:
+        mesh = mesh_for(ctx, (world,))
     fresh = spec.build().to(device)
     with torch.no_grad():
         for p in fresh.parameters():
@@ -448,9 +462,9 @@ def _resumed(
     spec.shard(fresh, mesh)
     fresh_opt = candidate_optimizer(spec, fresh)
     fresh_schedule = resume_of(spec).on(fresh_opt)
-    dcp_load(fresh, fresh_opt, path, ctx.group)
+    dcp_load(fresh, fresh_opt, path, group)
     cast(Any, spec).restored(fresh_opt, fresh_schedule, saved)  # only a TransformerCase declares a resume
-    remove_checkpoint(ctx, path)
+    remove_checkpoint(ctx, path, group)
     return fresh, fresh_opt, fresh_schedule
 
 
