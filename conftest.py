@@ -18,7 +18,7 @@ from harness.plugin.options import PROFILE_VARIABLE
 
 pytest_plugins = ["harness.plugin"]
 
-#: the harness's own tests: none of them is a gate (tests/test_suite_layout.py holds that)
+#: the harness's own tests: none of them is a gate (tests/test_architecture.py holds that)
 TESTS = Path(__file__).parent / "tests"
 
 
