@@ -63,8 +63,10 @@ def as_markdown(doc: str) -> str:
 
 def _include(path: Path) -> str:
     text = path.read_text(encoding="utf-8")
-    # links between the repository's top-level Markdown files point at their pages here
-    return re.sub(r"\(([A-Z]+)\.md\)", lambda m: f"({m.group(1).lower()}.md)", text)
+    # links between the repository's top-level Markdown files point at their pages here, and
+    # their links into the site's pages (``docs/pages/X.md``) at those pages
+    text = re.sub(r"\(([A-Z]+)\.md\)", lambda m: f"({m.group(1).lower()}.md)", text)
+    return text.replace("](docs/pages/", "](")
 
 
 def matrix_grid(path: Path) -> str:

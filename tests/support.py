@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def torchrun(nproc: int) -> list[str]:
     """``python -m torch.distributed.run`` with ``nproc`` ranks on this node, before a program and its
     arguments. The ranks run without torchrun's ``-u`` (``--no-python`` and this interpreter), so a
     flushed print is one write and two ranks' lines do not interleave; under ``-u`` its text and
-    its newline are two."""
+    its newline are two. So is it under ``PYTHONUNBUFFERED``: run them with ``buffered(env)``."""
     return [
         "-m",
         "torch.distributed.run",
@@ -71,6 +72,13 @@ def torchrun(nproc: int) -> list[str]:
         "--no-python",
         sys.executable,
     ]
+
+
+def buffered(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without ``PYTHONUNBUFFERED``, for ranks whose lines a test reads: under it a flushed
+    print's text and newline are two writes, and two ranks' lines interleave (CI on 2026-12-07:
+    "rank 0: … from one device 0rank 1: …", on a machine that sets it)."""
+    return {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}
 
 
 def run_pytest(pytester: pytest.Pytester, *args: str, timeout: float) -> pytest.RunResult:

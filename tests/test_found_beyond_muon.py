@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import ENGINES, run_python, torchrun
+from support import ENGINES, buffered, run_python, torchrun
 
 FINDINGS = Path(__file__).resolve().parents[1] / "examples" / "findings"
 LOWBIT = "the lowbit extra, without a torch of its own: pip install --no-deps torchao==0.18.0 bitsandbytes==0.50.2"
@@ -23,7 +23,7 @@ def _needs_deepspeed() -> None:
 
 
 def _run(script: str, *args: str, nproc: int = 0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": ""}  # the package and torch, never muongate
+    env = buffered({**os.environ, "PYTHONPATH": ""})  # the package and torch, never muongate
     return run_python(*(torchrun(nproc) if nproc else []), FINDINGS / script, *args, env=env, timeout=300)
 
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import run_python, torchrun
+from support import buffered, run_python, torchrun
 
 #: each reproducer is a program of its own, with one of the peers extra's packages
 pytestmark = [pytest.mark.slow, pytest.mark.peers]
@@ -19,7 +19,7 @@ FINDINGS = Path(__file__).resolve().parents[1] / "examples" / "findings"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": ""}  # the package and torch, never muongate
+    env = buffered({**os.environ, "PYTHONPATH": ""})  # the package and torch, never muongate
     return run_python(*args, env=env, timeout=180)
 
 
