@@ -165,21 +165,13 @@ def _record(runs: list[dict[str, Any]], pytest_args: list[str]) -> dict[str, Any
     and the gate tests the last run ran."""
     import platform
 
-    from harness.runinfo import muongate_commit
+    from harness.runinfo import cpu_line, muongate_commit
 
-    processor = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
     return {
         "command": " ".join(["pytest -m gate --nproc 2 -n 2", *pytest_args]),
         "commit": muongate_commit(),
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{processor}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": f"{cpu_line()}, Python {platform.python_version()}",  # as a run's header names it
         "wall_s": [round(r["wall"], 1) for r in runs],
         "cpu_s": [round(r["cpu"], 1) for r in runs],
         "median_wall_s": round(statistics.median(r["wall"] for r in runs), 1),

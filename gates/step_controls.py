@@ -2,7 +2,8 @@
 planted. Each declares one step (``harness.models.step``) and lays the model out for another,
 as the 2026 reports against training frameworks describe (a narrower reduce dtype than the
 policy, a sum where a mean is due, a mean over the wrong group, a micro-batch dropped, a resume
-that restarts the schedule or drops Adam's moments); the training gates must catch every one."""
+that restarts the schedule, drops Adam's moments, forgets a decay mask or keeps the old world's
+divisor); the training gates must catch every one."""
 
 from __future__ import annotations
 
