@@ -60,12 +60,12 @@ from typing import Any, ClassVar, Literal, cast, get_args
 import torch
 from torch import Tensor
 
-from reference.muon import param_names
+from reference.muon import param_names, torch_kernels
 
 WeightDecayForm = Literal["decoupled", "l2"]
 AdamEpsForm = Literal["outside", "inside"]
 StateDtype = Literal["param", "float32"]
-AdamKernels = Literal["single_tensor", "foreach"]
+AdamKernels = Literal["single_tensor", "foreach", "default"]
 
 ADAMW_DEFAULTS: dict[str, Any] = dict(
     lr=1e-3,
@@ -106,11 +106,11 @@ def validate_adamw_settings(group: dict[str, Any]) -> None:
     ):
         if name in group and group[name] not in choices:
             raise bad(name, f"is not one of {choices}")
-    if group.get("kernels") == "foreach":
+    if group.get("kernels") in ("foreach", "default"):
         torch_forms = dict(bias_correction=True, eps_form="outside", state_dtype="param")
         for name, value in torch_forms.items():
             if group[name] != value:
-                raise bad(name, f"cannot be taken with kernels='foreach' (torch's foreach Adam is {name}={value!r})")
+                raise bad(name, f"cannot be taken with kernels={group['kernels']!r} (torch's Adam is {name}={value!r})")
     for name in ("amsgrad", "maximize", "bias_correction"):
         if not isinstance(group[name], bool):
             raise bad(name, "must be True or False")
@@ -145,7 +145,7 @@ def adam_step(
 ) -> None:
     """One step of one parameter, its state created on the first call. Elementwise, so a
     piece of ``param``, ``grad`` and every state tensor gives that piece of the result."""
-    if kernels == "foreach":
+    if torch_kernels(kernels, param) == "foreach":
         _foreach_adam_step(
             param,
             grad,

@@ -83,6 +83,13 @@ AdamW form (``adamw_form``), for the ``use_muon=False`` groups
     ``torch.optim`` AdamW is handed to it): ``m = lerp(m, g, 1−β₁)``, ``v = lerp(v, g², 1−β₂)``,
     update ``(m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + eps)``; decay ``p·(1 − lr·wd)`` first.
     ``"lerp"``: torch's, with ``v = lerp(v, g², 1−β₂)`` (pytorch-optimizer's AdamW groups).
+the AdamW kernels (``adamw_kernels``), with ``adamw_form="torch"``
+    ``"single_tensor"`` (default): each operation the tensor's own, as
+    ``torch.optim.AdamW(foreach=False)``. ``"foreach"``: the same operations through torch's
+    ``_foreach_*`` kernels, as ``foreach=True``. ``"default"``: what ``foreach=None`` (torch's
+    default, what an optimizer handed ``torch.optim.AdamW`` gets) chooses for the tensor:
+    foreach on CUDA (and torch's other foreach devices), single-tensor on the CPU
+    (``torch_kernels``). Their bits differ on CUDA by a few ULP.
 the AdamW step count (``adamw_steps``), ``t`` above
     ``"param"`` (default): the steps this parameter had a gradient in, as torch.optim.AdamW
     counts. ``"group"``: the optimizer's steps since its group was made, a gradient or not
@@ -121,6 +128,7 @@ from typing import Any, ClassVar, Literal, NamedTuple, cast, get_args
 
 import torch
 from torch import Tensor
+from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
 
 MomentumForm = Literal["ema", "sum"]
 EpsForm = Literal["add", "clamp"]
@@ -131,6 +139,7 @@ NsNormalize = Literal["ns_dtype", "input"]
 NsBlocks = Literal["each", "batched"]
 LrScaleOn = Literal["lr", "update"]
 AdamwForm = Literal["torch", "keller", "lerp"]
+AdamwKernels = Literal["single_tensor", "foreach", "default"]
 AdamwSteps = Literal["param", "group"]
 
 #: the iteration at which the Gram forms apply their polynomial to X and start again from its
@@ -474,11 +483,18 @@ def adamw_update(
     eps: float,
     weight_decay: float,
     squares: Literal["addcmul", "lerp"] = "addcmul",
+    kernels: AdamwKernels = "single_tensor",
 ) -> None:
     """One AdamW step (torch.optim.AdamW's single-tensor arithmetic) on float32 state, its second
-    moment by ``addcmul`` as torch's or by ``lerp`` (``adamw_form="lerp"``). Elementwise."""
+    moment by ``addcmul`` as torch's or by ``lerp`` (``adamw_form="lerp"``), or through torch's
+    foreach kernels (``kernels``, ``torch_kernels``). Elementwise."""
     beta1, beta2 = betas
     g = grad.float()
+    if torch_kernels(kernels, param) == "foreach":
+        _foreach_adamw_update(
+            param, g, exp_avg, exp_avg_sq, step, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
+        return
     exp_avg.lerp_(g, 1 - beta1)
     if squares == "lerp":
         exp_avg_sq.lerp_(g.square(), 1 - beta2)
@@ -491,6 +507,44 @@ def adamw_update(
         p.mul_(1 - lr * weight_decay)
     denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
     p.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+    if p is not param:
+        param.copy_(p)
+
+
+def torch_kernels(kernels: AdamwKernels, t: Tensor) -> Literal["single_tensor", "foreach"]:
+    """The kernels torch.optim's Adam steps ``t`` with: ``kernels``, or for ``"default"``
+    (``foreach=None``) what torch chooses, foreach on its foreach devices (CUDA among them) and
+    single-tensor elsewhere (``torch.optim.optimizer._default_to_fused_or_foreach``)."""
+    if kernels != "default":
+        return kernels
+    return "foreach" if t.device.type in _get_foreach_kernels_supported_devices() else "single_tensor"
+
+
+def _foreach_adamw_update(
+    param: Tensor,
+    g: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: int,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """``adamw_update`` as ``torch.optim.AdamW(foreach=True)`` runs it, operation for operation
+    (its ``_multi_tensor_adamw``) on one-element lists, on float32 state."""
+    beta1, beta2 = betas
+    p = param if param.dtype == torch.float32 else param.float()
+    if weight_decay != 0:
+        torch._foreach_mul_([p], 1 - lr * weight_decay)
+    torch._foreach_lerp_([exp_avg], [g], 1 - beta1)
+    torch._foreach_mul_([exp_avg_sq], beta2)
+    torch._foreach_addcmul_([exp_avg_sq], [g], [g], 1 - beta2)
+    denom = torch._foreach_sqrt([exp_avg_sq])
+    torch._foreach_div_(denom, [(1 - beta2**step) ** 0.5])
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_([p], [exp_avg], denom, [-(lr / (1 - beta1**step))])
     if p is not param:
         param.copy_(p)
 
@@ -559,9 +613,12 @@ def validate_settings(group: dict[str, Any]) -> None:
         ("lr_scale_on", LrScaleOn),
         ("adamw_form", AdamwForm),
         ("adamw_steps", AdamwSteps),
+        ("adamw_kernels", AdamwKernels),
     ):
         if form_of(group, name) not in get_args(kind):
             raise bad(name, f"is not one of {get_args(kind)}")
+    if form_of(group, "adamw_kernels") != "single_tensor" and form_of(group, "adamw_form") != "torch":
+        raise bad("adamw_kernels", "is torch's AdamW's: it takes adamw_form='torch'")
     heads, split = form_of(group, "ns_heads"), form_of(group, "ns_split")
     if not (isinstance(heads, int) and not isinstance(heads, bool) and heads >= 1):
         raise bad("ns_heads", "must be an int of at least 1")
@@ -628,6 +685,7 @@ FORM_DEFAULTS: dict[str, Any] = dict(
     lr_scale_on="lr",
     adamw_form="torch",
     adamw_steps="param",
+    adamw_kernels="single_tensor",
     ns_heads=1,
     ns_split=(),
     ns_blocks="each",
@@ -805,4 +863,5 @@ class Muon(torch.optim.Optimizer):
             keller_adam_update(*moments, lr=lr, betas=betas, eps=eps, weight_decay=wd)
         else:
             squares: Literal["addcmul", "lerp"] = "lerp" if form == "lerp" else "addcmul"
-            adamw_update(*moments, lr=lr, betas=betas, eps=eps, weight_decay=wd, squares=squares)
+            kernels = form_of(group, "adamw_kernels")
+            adamw_update(*moments, lr=lr, betas=betas, eps=eps, weight_decay=wd, squares=squares, kernels=kernels)

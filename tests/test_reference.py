@@ -133,13 +133,18 @@ def test_parameter_without_gradient_is_skipped_entirely():
     assert torch.equal(b, torch.ones(4, 4)) and b not in opt.state
 
 
-def test_adamw_group_matches_torch_adamw_bitwise():
-    p0, grads = _inputs((5, 3), torch.float32)
-    ours, _ = _run(
-        Muon, p0, grads, use_muon=False, adamw_lr=1e-2, adamw_betas=(0.9, 0.99), adamw_eps=1e-8, adamw_weight_decay=0.1
-    )
+@pytest.mark.parametrize("device", ["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
+@pytest.mark.parametrize(("kernels", "foreach"), [("single_tensor", False), ("foreach", True), ("default", None)])
+def test_adamw_group_matches_torch_adamw_bitwise_on_each_of_its_kernels(device: str, kernels: str, foreach) -> None:
+    """``adamw_kernels``: ``"single_tensor"`` is ``torch.optim.AdamW(foreach=False)``, ``"foreach"``
+    its ``foreach=True`` and ``"default"`` what it chooses with ``foreach=None`` on the device
+    (its foreach kernels on CUDA, a few ULP from its single-tensor ones there)."""
+    p0, grads = _inputs((33, 7), torch.float32, steps=5)
+    p0, grads = p0.to(device), [g.to(device) for g in grads]
+    hyper = dict(adamw_lr=1e-2, adamw_betas=(0.9, 0.99), adamw_eps=1e-8, adamw_weight_decay=0.1)
+    ours, _ = _run(Muon, p0, grads, use_muon=False, adamw_kernels=kernels, **hyper)
     theirs, _ = _run(
-        torch.optim.AdamW, p0, grads, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=False
+        torch.optim.AdamW, p0, grads, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=foreach
     )
     assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
 
@@ -186,6 +191,8 @@ def test_the_lerp_form_and_the_groups_step_count_bias_correct_a_late_first_gradi
         ({"eps": 0.0}, [torch.zeros(3, 3)], "eps=0.0 must be > 0"),
         ({"adamw_betas": (0.9, 1.0)}, [torch.zeros(3, 3)], "adamw_betas=.* must both be in"),
         ({"nesterov_mode": True}, [torch.zeros(3, 3)], "unknown setting"),
+        ({"adamw_kernels": "fused"}, [torch.zeros(3, 3)], "adamw_kernels='fused' is not one of"),
+        ({"adamw_kernels": "foreach", "adamw_form": "keller"}, [torch.zeros(3, 3)], "takes adamw_form='torch'"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_the_value(kwargs, params, message):

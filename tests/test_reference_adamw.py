@@ -87,6 +87,16 @@ def test_reference_with_foreach_kernels_is_torch_foreach_adam_bitwise(torch_clas
     _assert_same_bits(ours, torchs)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@given(run=_runs())
+@settings(max_examples=50, deadline=None)
+def test_reference_with_default_kernels_is_torch_adamw_at_its_default_bitwise(device: str, run: dict) -> None:
+    """``kernels="default"`` is ``torch.optim.AdamW(foreach=None)``: foreach on CUDA, single-tensor on the CPU."""
+    ours = _trajectory(lambda ps: AdamW(ps, kernels="default", **run["kw"]), run, device)
+    torchs = _trajectory(lambda ps: torch.optim.AdamW(ps, **run["kw"]), run, device)
+    _assert_same_bits(ours, torchs)
+
+
 @pytest.mark.parametrize(
     "convention",
     [
