@@ -23,7 +23,9 @@ What it declares, and why:
   and another's does not makes gloo abort the job (``needs_same_grads``; matrix finding 36).
 - Muon's ``ns_method``, ``"gram"`` and ``"standard"``, from 0.19.0 (the releases before take
   no such key and run ``"standard"``'s iteration).
-- AdamW is judged against ``reference.AdamW`` (torch's for-loop AdamW is its arithmetic).
+- AdamW is judged against ``reference.AdamW`` with ``kernels="default"``: torch's AdamW at its
+  default, foreach on CUDA, its for-loop on the CPU (``torch_adam`` hands DeepSpeed's optimizer
+  ``torch.optim.AdamW`` with no ``foreach``; the two kernels differ by a few ULP on CUDA).
   Muon against ``reference.Muon`` on the settings that are DeepSpeed's arithmetic
   (``conventions``, each a setting of the reference read from DeepSpeed's source of that
   release, none of DeepSpeed's code run on the reference's side): ``ns_method="gram"`` is
@@ -32,9 +34,9 @@ What it declares, and why:
   (``ns_normalize="input"``), advanced by ``addmm`` in 0.19.0–0.19.1 (``"gram_addmm"``);
   ``"standard"`` is ``ns_form="expanded"`` in bf16; the lr scale multiplies the update in the
   Newton–Schulz dtype (``lr_scale_on="update"``); the AdamW half is Keller Jordan's inline
-  ``adam_update`` up to 0.19.5 and ``torch.optim.AdamW`` from 0.19.6 (``"torch_adam": true``),
-  at DeepSpeed's own betas (0.9, 0.95) and eps 1e-10 for it. DeepSpeed's own
-  ``MuonWithAuxAdam`` on one device is compared too and shown beside the verdict
+  ``adam_update`` up to 0.19.5 and ``torch.optim.AdamW`` from 0.19.6 (``"torch_adam": true``,
+  at its default kernels: ``adamw_kernels="default"``), at DeepSpeed's own betas (0.9, 0.95)
+  and eps 1e-10 for it. DeepSpeed's own ``MuonWithAuxAdam`` on one device is compared too and shown beside the verdict
   (``shown``): where the two disagree, the reference is what decides, so a bug the engine
   shares with its one-device optimizer fails the gate, and one of the one-device optimizer
   alone does not fail a correct stage. A bf16 model's momentum is rounded to bf16 at stages 1–3
@@ -174,6 +176,29 @@ def ds_config(config: EngineConfig) -> dict[str, Any]:
     }
 
 
+def forget_destroyed_groups() -> None:
+    """DeepSpeed makes its process groups once a process and keeps them in
+    ``deepspeed.utils.groups``'s globals (its clone of the world group, its expert and ZeRO
+    groups). muongate's pool makes a rank's groups afresh after a case that raised (the
+    regroup), which leaves those globals naming destroyed groups, and the next
+    ``deepspeed.initialize`` asked torch for the ranks of one ("Group … is not registered",
+    one H100, 2026-12-07). Each destroyed one is forgotten here, so DeepSpeed makes it again."""
+    from deepspeed.utils import groups
+
+    def destroyed(group: Any) -> bool:
+        try:
+            dist.get_process_group_ranks(group)
+        except KeyError:
+            return True
+        return False
+
+    for name, value in list(vars(groups).items()):
+        if isinstance(value, dist.ProcessGroup) and destroyed(value):
+            setattr(groups, name, None)
+        elif isinstance(value, dict) and any(isinstance(g, dist.ProcessGroup) and destroyed(g) for g in value.values()):
+            value.clear()
+
+
 class DeepSpeedRun:
     """One DeepSpeed engine on this rank (``harness.engines.EngineRun``)."""
 
@@ -191,6 +216,7 @@ class DeepSpeedRun:
         # outnumber them (muongate's relay on one card), as the pool placed this rank
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         os.environ["LOCAL_RANK"] = str(dist.get_rank() % gpus if gpus else dist.get_rank())
+        forget_destroyed_groups()
         self.config = config
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config={**ds_config(config), **self.extra_config}
@@ -355,11 +381,15 @@ def conventions(config: EngineConfig, release: Version = RELEASE) -> dict[str, A
     momentum and Nesterov blend, the eps 1e-7 added to the norm, five iterations of Keller's
     coefficients, decoupled decay before the step are the reference's defaults already."""
     if config.optimizer != "muon":
-        return {}
+        # "torch_adam": torch.optim.AdamW at its default, foreach=None: its foreach kernels on
+        # CUDA (a few ULP from its single-tensor ones there), its single-tensor ones on the CPU
+        return {"kernels": "default"}
+    torch_adam = release >= Version("0.19.6")
     adam = {
         "adamw_betas": (0.9, 0.95),
         "adamw_eps": 1e-10,
-        "adamw_form": "torch" if release >= Version("0.19.6") else "keller",
+        "adamw_form": "torch" if torch_adam else "keller",
+        **({"adamw_kernels": "default"} if torch_adam else {}),
     }
     method = config.options.get("ns_method", "gram" if release >= FIRST_WITH_NS_METHOD else "standard")
     if method == "standard":

@@ -398,3 +398,35 @@ def test_an_engine_that_needs_the_same_gradients_on_every_rank_gets_symmetric_ca
         assert case.missing_on and not case.narrowed
     with pytest.raises(ValueError, match="needs_same_grads=True: a function of the case's config"):
         replace(FLAT.declared, needs_same_grads=True)
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_deepspeed_engine_builds_again_after_a_failed_case_made_its_ranks_groups_afresh(stage: int) -> None:
+    """A case that raised on every rank leaves the ranks in place with new process groups (the
+    pool's regroup); DeepSpeed keeps the groups it made in module globals, and the next engine
+    built on them asked torch for a destroyed group's ranks (one H100, 2026-12-07). The same
+    case passes before and after the regroup (examples/deepspeed_adapter.py,
+    ``forget_destroyed_groups``)."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip(f"needs {ENGINES}")
+    from harness.engines.case import judged
+    from harness.ranks import RankPool
+    from harness.runner import RANK_PRELOAD
+    from harness.tasks import selftest
+    from harness.tasks.engine import run_engine_case
+
+    settings_ = (("betas", (0.9, 0.95)), ("eps", 1e-8), ("lr", 0.02), ("weight_decay", 0.0))
+    case = EngineCase(engine=DEEPSPEED, optimizer="adamw", stage=stage, accumulate=1, reduce_scatter=None,
+                      dtype="float32", shapes=((4, 3), (5,)), no_grad=(), steps=1, seed=1, world_size=2,
+                      settings=settings_)  # fmt: skip
+    case = judged(case, LoadedEngine.load(DEEPSPEED).declared)
+    with RankPool(2, preload=RANK_PRELOAD, case_timeout_s=120, pg_timeout_s=60) as pool:
+        before = pool.run(run_engine_case, case)
+        assert before.ok, before.failure
+        regroups = pool.regroups
+        assert not pool.run(selftest.raise_on_every_rank).ok
+        assert pool.regroups == regroups + 1
+        after = pool.run(run_engine_case, case)
+        assert after.ok, after.failure
+    assert all(c.passed for result in after.results for c in result.comparisons)
