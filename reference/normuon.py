@@ -124,9 +124,15 @@ def rescaled(norm: Tensor, divided: Tensor, group: dict[str, Any], shape: Sequen
     eps, denominator = group["normuon_eps"], group["normuon_denominator"]
     normalized = torch.linalg.vector_norm(divided, dim=(-2, -1), keepdim=True)
     if group["normuon_scale"] == "frobenius":
-        return divided * _divided(norm, normalized, eps, denominator), lr_scale(shape, group["adjust_lr_fn"])
+        return divided * _divided(norm, normalized, eps, denominator), _lr_factor(group, shape)
     target = 0.2 * math.sqrt(shape[-2] * shape[-1])
-    return divided * _divided(target, normalized, eps, denominator), 1.0
+    return divided * _divided(target, normalized, eps, denominator), _lr_factor(group, shape)
+
+
+def _lr_factor(group: dict[str, Any], shape: Sequence[int]) -> float:
+    """What the lr is multiplied by after ``rescaled``: Muon's lr scale under the Frobenius
+    rescale, 1 under the RMS one (whose target already holds the shape)."""
+    return lr_scale(shape, group["adjust_lr_fn"]) if group["normuon_scale"] == "frobenius" else 1.0
 
 
 def normalize_neurons(
@@ -134,7 +140,21 @@ def normalize_neurons(
 ) -> tuple[Tensor, float]:
     """NorMuon's step from Newton–Schulz's output ``ortho`` of the whole matrix of global
     ``shape``: advances ``second_moment`` in place; returns the float32 update and the factor the
-    lr is multiplied by."""
+    lr is multiplied by.
+
+    A stack ``[…, rows, cols]`` is normalized one matrix at a time, each from an allocation of
+    its own: CUDA's reduction kernels choose their order by the tensor's shape and alignment, so
+    the sums of a stack of E experts and of a shard of fewer differed by an ULP (ShardedNorMuon on
+    one H100, 2026-12-04); on the CPU the two give the same bits (300 of 300 shapes)."""
+    if ortho.ndim > 2:
+        matrix = tuple(shape[-2:])
+        moments = second_moment.view(-1, *second_moment.shape[-2:]).unbind(0)
+        pieces = [
+            normalize_neurons(m.clone(memory_format=torch.contiguous_format), v, group, matrix)[0]
+            for m, v in zip(ortho.reshape(-1, *matrix).unbind(0), moments, strict=True)
+        ]
+        stacked = torch.stack(pieces) if pieces else ortho.float().reshape(0, *matrix)
+        return stacked.view(ortho.shape), _lr_factor(group, shape)
     u, divided = divided_by_statistics(ortho, second_moment, group, shape)
     return rescaled(torch.linalg.vector_norm(u, dim=(-2, -1), keepdim=True), divided, group, shape)
 
