@@ -150,8 +150,20 @@ def uses_muon(name: str, p: Tensor) -> bool:
     return p.ndim >= 2 and not any(k in name.lower() for k in ("embed", "lm_head"))
 
 
-def ds_config(config: EngineConfig) -> dict[str, Any]:
-    """The DeepSpeed configuration of one engine case."""
+#: the fewest elements a ZeRO bucket holds here (``ds_config``)
+BUCKET_ELEMENTS = 2**20
+
+
+def ds_config(config: EngineConfig, elements: int = 0) -> dict[str, Any]:
+    """The DeepSpeed configuration of one engine case, of a model of ``elements`` elements.
+
+    ZeRO's reduce and all-gather buckets hold the whole model, as its defaults (5e8 elements)
+    do for the gates' models, but no more than ``BUCKET_ELEMENTS`` beyond it: each engine
+    allocates its buckets on the device whole, and DeepSpeed 0.19.8's engines are never freed
+    in a process that builds many (its gradient hooks hold them from torch's autograd graph,
+    out of Python's collector's reach), so on one H100 a rank had 38 GiB of 1.86 GiB
+    buckets after about twenty cases, and the next case ran out of memory. A bucket that
+    holds the whole model reduces and gathers it in the same operations whatever its size."""
     s = config.options
     params: dict[str, Any] = {"lr": s["lr"], "weight_decay": s["weight_decay"], "torch_adam": True}
     if config.optimizer == "muon":
@@ -162,7 +174,8 @@ def ds_config(config: EngineConfig) -> dict[str, Any]:
             params[PER_HEAD_SETTING] = True
     else:
         params.update(betas=list(s["betas"]), eps=s["eps"])
-    zero: dict[str, Any] = {"stage": config.stage}
+    bucket = max(elements, BUCKET_ELEMENTS)
+    zero: dict[str, Any] = {"stage": config.stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
     if config.reduce_scatter is not None:
         zero["reduce_scatter"] = config.reduce_scatter
     return {
@@ -219,7 +232,7 @@ class DeepSpeedRun:
         forget_destroyed_groups()
         self.config = config
         self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config={**ds_config(config), **self.extra_config}
+            model=model, model_parameters=model.parameters(), config={**ds_config(config, sum(p.numel() for p in model.parameters())), **self.extra_config}
         )
         self.params = dict(self.engine.module.named_parameters())
 
