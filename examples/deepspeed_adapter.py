@@ -232,7 +232,9 @@ class DeepSpeedRun:
         forget_destroyed_groups()
         self.config = config
         self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config={**ds_config(config, sum(p.numel() for p in model.parameters())), **self.extra_config}
+            model=model,
+            model_parameters=model.parameters(),
+            config={**ds_config(config, sum(p.numel() for p in model.parameters())), **self.extra_config},
         )
         self.params = dict(self.engine.module.named_parameters())
 
