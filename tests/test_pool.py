@@ -78,6 +78,27 @@ def test_a_closed_pool_leaves_nothing_in_the_temp_directory_even_after_a_rank_di
     assert not logs.exists() and not scratch.exists()
 
 
+def test_a_new_pool_removes_the_directories_of_pools_whose_process_was_killed(tmp_path: Path):
+    """A session killed by SIGKILL cannot remove its pool's directories (on /dev/shm they hold
+    memory): the next pool removes those whose owner process is gone, and keeps a running
+    process's and any not named by a process."""
+    import subprocess
+    import sys
+
+    from harness.ranks.pool import sweep_abandoned
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, alive, other = (
+        tmp_path / f"muongate-pool-{gone.stdout.strip()}-abc",
+        tmp_path / f"muongate-pool-{os.getpid()}-def",
+        tmp_path / "muongate-pool-ghi",
+    )
+    for d in (dead, alive, other):
+        (d / "checkpoint").mkdir(parents=True)
+    assert sweep_abandoned(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
 def test_hanging_rank_is_detected_within_the_deadline_and_the_next_case_passes(pool):
     assert pool.run(tasks.sum_of_ranks).ok  # the ranks up, whichever test ran first
     spawns = pool.spawns

@@ -211,12 +211,47 @@ class _Stall:
         return where if now - self._since >= self.stall_s else None
 
 
+#: a pool's directories are named ``muongate-pool-<the owner's pid>-…``
+_PREFIX = "muongate-pool-"
+
+
+def _scratch(directory: str | None = None) -> str:
+    """A directory of the pool's own in ``directory`` (the temporary directory), named by this
+    process, after removing those of pools whose process is gone (``sweep_abandoned``)."""
+    sweep_abandoned(directory or tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=directory)
+
+
+def sweep_abandoned(directory: str) -> list[str]:
+    """Removes the pool directories in ``directory`` whose owner process no longer runs (a
+    session killed by a signal it cannot catch leaves them: on the tmpfs, they hold memory);
+    returns their paths. A directory whose owner runs, or whose name gives none, is kept."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            owner = entry.name.removeprefix(_PREFIX).partition("-")[0]
+            if entry.name.startswith(_PREFIX) and owner.isdigit() and not _runs(int(owner)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def _memory_scratch() -> str | None:
     """A directory of the pool's own on the machine's tmpfs, or None where there is none to write."""
     if not os.path.isdir(_MEMORY):
         return None
     try:
-        return tempfile.mkdtemp(prefix="muongate-pool-", dir=_MEMORY)
+        return _scratch(_MEMORY)
     except OSError:
         return None
 
@@ -370,7 +405,7 @@ class RankPool:
         self._watched: list[tuple[int, int | None]] = []
         self._reader = StackReader()
         self._logs: list[str] = []
-        self._logdir = tempfile.mkdtemp(prefix="muongate-pool-")
+        self._logdir = _scratch()
         self._memory = _memory_scratch()
         self._store: Any = None
         self._next_case = 0
