@@ -17,8 +17,11 @@ takes ``match_rms_adamw``, but nothing means the reference's ``none``, so the ad
 one); exactly one parameter
 group (no AdamW: torchtitan steps those with another optimizer); momentum kept in the
 gradient's dtype (so no ``bf16`` of muongate's float32 kind); 3-D expert stacks, which it
-orthogonalizes in one batched product per stack (its docstring says batched kernels need
-not be bitwise one-by-one Muon); FSDP2's own parameters (``fully_shard``); checkpoints (its
+orthogonalizes in one batched product per stack, the stack's norms in one reduction (its
+source says batched kernels need not be bitwise one-by-one Muon): the reference's
+``ns_stacks="batched"``, bit for bit its Newton–Schulz (``tests/test_reference.py``); and
+since each rank batches the experts it holds, the stack in each rank's chunk
+(``"per_rank"``: ``ns_stacks`` the case's world size); FSDP2's own parameters (``fully_shard``); checkpoints (its
 ``load_state_dict`` post-hook re-plans its redistributions after a load). It refuses a step while any
 configured gradient is missing, as its docstring states (``needs_every_grad``). It needs one CUDA
 device per process (``_validate_parameter_storage``), so it declares ``cuda`` only: on CPU
@@ -98,6 +101,7 @@ Candidate(
         "ns_coefficients": "keller",
         "ns_dtype": "bfloat16",
         "adjust_lr_fn": "original",
+        "ns_stacks": "per_rank",
     },
     features={"experts", "fully_shard", "checkpoint"},
     needs_every_grad=True,

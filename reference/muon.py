@@ -105,6 +105,17 @@ tall matrices
     orthogonalized on its own, one at a time. Batching them into one ``bmm`` is *not*
     bitwise the same on every shape, so ``orthogonalize`` never does it;
     ``orthogonalize_batch`` does, for callers that check the bits first.
+how a stack is iterated (``ns_stacks``)
+    ``"each"`` (default): as above. ``"batched"``: the stack in one batched product per step,
+    its Frobenius norms in one reduction over the stack (torchtitan's ``DistMuon``, which
+    orthogonalizes each rank's experts so; its source says batched kernels need not be
+    bitwise one-by-one Muon). The same arithmetic, and on the CPU nearly always the same bits
+    as ``"each"`` (199 of 200 stacks of 2 to 6 experts), but not on every shape and device:
+    on one H100 66 of 200 stacks differed. ``W`` (an int): batched in the ``W`` chunks
+    ``torch.chunk`` cuts the stack's first dimension into, as ``W`` ranks that each hold their
+    chunk of the experts (FSDP2's ``Shard(0)``) and batch them do; a stack batched whole and in
+    halves differed in 5 of 200 stacks on that H100 (0 on the CPU). With the ``"addmm"`` form
+    normalized in the Newton–Schulz dtype only.
 ``grad is None``
     The parameter is skipped entirely: no momentum, no weight decay, no step count.
 precision
@@ -137,6 +148,8 @@ CoefficientsName = Literal["keller", "polar_express"]
 NsForm = Literal["addmm", "expanded", "gram", "gram_addmm"]
 NsNormalize = Literal["ns_dtype", "input"]
 NsBlocks = Literal["each", "batched"]
+StackNorm = Literal["each", "batched"]
+NsStacks = StackNorm | int
 LrScaleOn = Literal["lr", "update"]
 AdamwForm = Literal["torch", "keller", "lerp"]
 AdamwKernels = Literal["single_tensor", "foreach", "default"]
@@ -183,8 +196,10 @@ def _newton_schulz(
     dtype: torch.dtype,
     form: NsForm = "addmm",
     normalize: NsNormalize = "ns_dtype",
+    stack_norm: StackNorm = "each",
 ) -> Tensor:
-    """One matrix ``[rows, cols]``, or a stack ``[n, rows, cols]`` in batched products."""
+    """One matrix ``[rows, cols]``, or a stack ``[n, rows, cols]`` in batched products, its
+    norms one matrix at a time or in one reduction (``stack_norm``, ``ns_stacks``)."""
     if form != "addmm" or normalize != "ns_dtype":
         return _newton_schulz_expanded(G, steps, schedule, safety, eps, eps_form, dtype, form, normalize)
     # Newton–Schulz reads X from storage that starts where an allocation starts: on GPUs the
@@ -198,7 +213,12 @@ def _newton_schulz(
     transposed = G.size(-2) > G.size(-1)
     if transposed:
         X = X.mT
-    norm = X.norm() if X.ndim == 2 else torch.stack([m.norm() for m in X.unbind(0)]).view(-1, 1, 1)
+    if X.ndim == 2:
+        norm = X.norm()
+    elif stack_norm == "batched":
+        norm = X.norm(dim=(-2, -1), keepdim=True)
+    else:
+        norm = torch.stack([m.norm() for m in X.unbind(0)]).view(-1, 1, 1)
     if safety != 1.0:
         norm = norm * safety
     X = X / (norm + eps) if eps_form == "add" else X / norm.clamp(min=eps)
@@ -287,6 +307,7 @@ def orthogonalize(
     dtype: torch.dtype = torch.bfloat16,
     ns_form: NsForm = "addmm",
     ns_normalize: NsNormalize = "ns_dtype",
+    ns_stacks: NsStacks = "each",
 ) -> Tensor:
     """Newton–Schulz orthogonalization of a matrix, or of each matrix of a batch.
 
@@ -295,14 +316,23 @@ def orthogonalize(
     polar factor ``U Vᵀ``. That is fine for training (Keller Jordan found no loss in model
     quality) and it is what every Muon ships, so it is what the reference computes.
 
-    Leading dimensions are a batch, orthogonalized one matrix at a time. The result has
-    ``dtype`` and the shape of ``G``.
+    Leading dimensions are a batch, orthogonalized one matrix at a time, or, with
+    ``ns_stacks``, a stack ``[n, rows, cols]`` in batched products, whole or in chunks (module
+    docstring).
+    The result has ``dtype`` and the shape of ``G``.
     """
     schedule, safety = coefficient_schedule(ns_coefficients)
     if G.ndim < 2:
         raise ValueError(f"orthogonalize needs a matrix or a batch of matrices; got shape {tuple(G.shape)}")
     if G.ndim == 2:
         return _newton_schulz(G, steps, schedule, safety, eps, eps_form, dtype, ns_form, ns_normalize)
+    if ns_stacks != "each" and G.ndim == 3 and G.size(0) > 0:
+        chunks = (G,) if ns_stacks == "batched" else G.chunk(ns_stacks)
+        out = [
+            _newton_schulz(c, steps, schedule, safety, eps, eps_form, dtype, ns_form, ns_normalize, "batched")
+            for c in chunks
+        ]
+        return torch.cat(out)
     flat = G.reshape(-1, *G.shape[-2:])
     out = [
         _newton_schulz(m, steps, schedule, safety, eps, eps_form, dtype, ns_form, ns_normalize) for m in flat.unbind(0)
@@ -345,7 +375,7 @@ def group_orthogonalizer(group: dict[str, Any], fn: Callable[..., Tensor] | None
     of the matrix (of every matrix of a stack) on its own, and the results are laid back in order."""
     kernel = orthogonalize if fn is None else fn
     # only where they are not the defaults, so that a kernel of the older signature still runs
-    forms = {k: group[k] for k in ("ns_form", "ns_normalize") if form_of(group, k) != FORM_DEFAULTS[k]}
+    forms = {k: group[k] for k in ("ns_form", "ns_normalize", "ns_stacks") if form_of(group, k) != FORM_DEFAULTS[k]}
 
     batched = form_of(group, "ns_blocks") == "batched"
 
@@ -626,6 +656,15 @@ def validate_settings(group: dict[str, Any]) -> None:
         raise bad("ns_split", "must be a tuple of row counts of at least 1")
     if heads > 1 and split:
         raise bad("ns_split", "and ns_heads: give one of them")
+    stacks = form_of(group, "ns_stacks")
+    if not (
+        stacks in ("each", "batched") or (isinstance(stacks, int) and not isinstance(stacks, bool) and stacks >= 1)
+    ):
+        raise bad("ns_stacks", "is not 'each', 'batched' or a number of chunks of at least 1")
+    if stacks != "each" and (form_of(group, "ns_form") != "addmm" or form_of(group, "ns_normalize") != "ns_dtype"):
+        raise bad(
+            "ns_stacks", "batches the addmm form normalized in ns_dtype (ns_form='addmm', ns_normalize='ns_dtype')"
+        )
     if split and form_of(group, "ns_blocks") == "batched":
         raise bad("ns_blocks", "batches equal heads (ns_heads), not ns_split's row blocks")
     if not (isinstance(group["ns_steps"], int) and 0 <= group["ns_steps"] < 100):
@@ -689,6 +728,7 @@ FORM_DEFAULTS: dict[str, Any] = dict(
     ns_heads=1,
     ns_split=(),
     ns_blocks="each",
+    ns_stacks="each",
 )
 
 

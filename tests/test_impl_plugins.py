@@ -399,6 +399,26 @@ def test_declared_devices_and_the_default_group_shape_what_a_candidate_runs() ->
     assert any("world 1 → 2 (default_group" in note for note in widened.narrowed)
 
 
+def test_a_stack_batched_per_rank_is_judged_in_the_chunks_of_the_case_s_ranks() -> None:
+    """``ns_stacks="per_rank"`` (a candidate that batches the experts each rank holds: torchtitan's
+    ``DistMuon``) is the reference's ``ns_stacks`` at the case's world size; on a mesh of more
+    dimensions, and for a training model, it is refused by name."""
+    from harness import layouts
+    from harness.candidates.impl import PER_RANK, Impl, UnsupportedConvention
+    from harness.cases.case import Case, ParamSpec
+
+    impl = Impl.load(_module_level("per_rank_stacks", "muon", conventions={"ns_stacks": PER_RANK}, layouts={"hsdp"}))
+    assert not impl.inexpressible
+    for world in (1, 3):
+        case = Case(params=(ParamSpec("w", (5, 4, 4)),), world_size=world, mesh=(world,), reference=reference.Muon)
+        assert dict(impl.adapt(case).settings)["ns_stacks"] == world
+    hsdp = Case(
+        params=(ParamSpec("w", (5, 4, 4)),), world_size=4, mesh=(2, 2), layout=layouts.HSDP, reference=reference.Muon
+    )
+    with pytest.raises(UnsupportedConvention, match="'per_rank' is for a 1-D mesh"):
+        impl.adapt(hsdp)
+
+
 def test_a_candidate_that_refuses_zero_iterations_gets_its_fewest_and_the_case_says_so() -> None:
     from harness.candidates.impl import Impl
     from harness.cases.case import Case, ParamSpec

@@ -203,6 +203,48 @@ def test_bad_arguments_raise_value_error_naming_the_value(kwargs, params, messag
 # -- the forms that express another Muon's arithmetic (DeepSpeed's; reference.muon.FORM_DEFAULTS) --
 
 
+@pytest.mark.peers
+@pytest.mark.parametrize("device", ["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
+def test_batched_stacks_are_torchtitans_newton_schulz_bit_for_bit(device: str) -> None:
+    """``ns_stacks="batched"`` on torch.optim.Muon's conventions is the Newton–Schulz of
+    torchtitan 0.3.0's ``DistMuon`` on stacks of 2 to 6 experts (one batched product, the
+    stack's norms in one reduction), bit for bit over 200 stacks, where one matrix at a time is
+    not always (1 of 200 on the CPU, 66 on one H100); ``ns_stacks=2`` is it on each of the two
+    chunks two ranks hold."""
+    from examples.torchtitan_adapter import _flex_shard
+
+    try:
+        _flex_shard()
+    except ImportError as missing:
+        pytest.skip(str(missing))
+    from torchtitan.distributed.flex_shard.dist_muon import _zeropower_via_newtonschulz as theirs
+
+    conventions = dict(ns_coefficients="keller", eps=1e-7, eps_form="clamp", dtype=torch.bfloat16)
+    differ = []
+    for seed in range(200):
+        gen = torch.Generator().manual_seed(seed)
+        experts, rows, cols = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((2, 7), (1, 40), (1, 40)))
+        G = torch.randn(experts, rows, cols, generator=gen).to(device)
+        expected = theirs(G, ns_coefficients=(3.4445, -4.7750, 2.0315), ns_steps=5, eps=1e-7).contiguous()
+        ours = orthogonalize(G, 5, ns_stacks="batched", **conventions)
+        by_rank = torch.cat(
+            [theirs(c, ns_coefficients=(3.4445, -4.7750, 2.0315), ns_steps=5, eps=1e-7) for c in G.chunk(2)]
+        )
+        chunked = orthogonalize(G, 5, ns_stacks=2, **conventions)
+        if not torch.equal(ours.view(torch.int16), expected.view(torch.int16)):
+            differ.append(("whole", experts, rows, cols))
+        if not torch.equal(chunked.view(torch.int16), by_rank.contiguous().view(torch.int16)):
+            differ.append(("chunks", experts, rows, cols))
+    assert not differ, differ
+
+
+def test_batched_stacks_take_the_addmm_form_and_a_positive_number_of_chunks_only() -> None:
+    with pytest.raises(ValueError, match="ns_stacks='batched' batches the addmm form"):
+        Muon([torch.nn.Parameter(torch.zeros(2, 3, 3))], ns_stacks="batched", ns_form="gram")
+    with pytest.raises(ValueError, match="ns_stacks=0 is not 'each', 'batched' or a number of chunks"):
+        Muon([torch.nn.Parameter(torch.zeros(2, 3, 3))], ns_stacks=0)
+
+
 def test_the_form_settings_are_taken_but_not_handed_to_candidates_nor_drawn() -> None:
     from reference.muon import FORM_DEFAULTS
 

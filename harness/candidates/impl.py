@@ -27,6 +27,18 @@ MISSING_GRADS = "missing_grads"
 _MISSING_KINDS = ("none", "every_other", "late", "rank_asymmetric")
 
 
+#: a convention's value that a case resolves: the number of ranks of its 1-D mesh. ``ns_stacks``
+#: so declared is a stack batched in each rank's own chunk of its experts (FSDP2's ``Shard(0)``),
+#: as a candidate that orthogonalizes the experts it holds in one batched product does
+#: (torchtitan's ``DistMuon``): the reference's ``ns_stacks=world``
+PER_RANK = "per_rank"
+
+
+def per_case(conventions: Any, world: int) -> dict[str, Any]:
+    """Declared ``conventions`` (pairs) with each ``PER_RANK`` value resolved for ``world`` ranks."""
+    return {k: world if v == PER_RANK else v for k, v in conventions}
+
+
 class UnsupportedConvention(Exception):
     """The candidate declares a convention the reference cannot express."""
 
@@ -98,7 +110,7 @@ class Impl:
             tuple(sorted(conventions.items())),
             declared.max_world,
             frozenset(declared.features),
-            tuple(algorithm.check(optimizer_settings(conventions.items()))),
+            tuple(algorithm.check(optimizer_settings(per_case(conventions.items(), 1).items()))),
             frozenset(declared.layouts),
             frozenset(declared.tiers),
             declared.shard is not None,
@@ -144,7 +156,7 @@ class Impl:
         """This candidate judged against ``algorithm`` (``--reference``), its conventions checked there."""
         if algorithm.spec == self.algorithm.spec:
             return self
-        inexpressible = tuple(algorithm.check(optimizer_settings(self.conventions)))
+        inexpressible = tuple(algorithm.check(optimizer_settings(per_case(self.conventions, 1).items())))
         return replace(self, algorithm=algorithm, inexpressible=inexpressible)
 
     def _check_expressible(self) -> None:
@@ -190,6 +202,10 @@ class Impl:
         if settings.get("ns_steps", self.min_ns_steps) < self.min_ns_steps:
             notes.append(f"ns_steps {settings['ns_steps']} → {self.min_ns_steps} (min_ns_steps)")
             settings["ns_steps"] = self.min_ns_steps
+        if PER_RANK in dict(self.conventions).values() and len(case.mesh if not flat else (world,)) > 1:
+            raise UnsupportedConvention(
+                f"{self.spec}: a convention {PER_RANK!r} is for a 1-D mesh; this case's is {case.mesh}"
+            )
         checkpoint = case.checkpoint_after if "checkpoint" in self.features else None
         if checkpoint != case.checkpoint_after:
             notes.append("checkpoint round trip left out (checkpoint not declared)")
@@ -201,7 +217,7 @@ class Impl:
             world_size=world,
             mesh=(world,) if flat else case.mesh,
             layout=layouts.FSDP if flat else case.layout,
-            settings=tuple({**settings, **dict(self.conventions)}.items()),
+            settings=tuple({**settings, **per_case(self.conventions, world)}.items()),
             checkpoint_after=checkpoint,
             narrowed=case.narrowed + tuple(notes),
         )
@@ -250,6 +266,10 @@ class Impl:
             missing |= {"experts"} - self.features
         if missing:
             raise UnsupportedConvention(f"{self.spec} does not declare {sorted(missing)}, which this model needs")
+        if PER_RANK in dict(self.conventions).values():
+            raise UnsupportedConvention(
+                f"{self.spec}: a convention {PER_RANK!r} follows a case's ranks, which a training model's layout does not give"
+            )
         if not muon:
             return replace(spec, candidate=self.factory, reference=self.algorithm.in_case, settings=self.conventions)
         settings = {**dict(spec.settings), **dict(self.conventions)}
