@@ -364,9 +364,10 @@ def test_engine_gate_catches_a_planted_deepspeed_bug_against_the_reference(
         pytest.skip(f"plants its bugs in DeepSpeed: runs under --engine {DEEPSPEED}")
     if gate_config().nproc < 2:
         pytest.skip("the controls need two ranks")
+    # on every rank: DeepSpeed talks over the default process group
     minimal = _caught(
         gate_runner, f"negative:engine:deepspeed {control} stage {stage}", f"examples.deepspeed_planted_bugs:{control}",
-        stage=stage, optimizer="muon", dtype="float32",
+        _world(), stage=stage, optimizer="muon", dtype="float32",
     )  # fmt: skip
     assert minimal.against == "reference", minimal.describe()
 
@@ -408,6 +409,7 @@ def test_precision_witness_catches_a_planted_deepspeed_bf16_communication(gate_r
         pytest.skip("the control needs two ranks")
     minimal = _caught(
         gate_runner, f"negative:engine:deepspeed bf16_communication stage {stage}",
-        "examples.deepspeed_planted_bugs:bf16_communication", stage=stage, dtype="float32", witness="precision",
+        "examples.deepspeed_planted_bugs:bf16_communication", _world(), stage=stage, dtype="float32",
+        witness="precision",
     )  # fmt: skip
     _blind_on_the_exact_feed(gate_runner, minimal)

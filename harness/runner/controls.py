@@ -5,7 +5,7 @@ caught; a control the gates pass on every example fails the test."""
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from hypothesis import Phase, find, settings
@@ -27,9 +27,12 @@ def search(
     describe: Callable[[T], str],
     *,
     max_examples: int,
+    crashes: Sequence[str] = (),
 ) -> T:
     """Searches ``strategy`` for an example ``caught`` rejects (its reason, or ``None``), shrinks
-    it, writes whether the minimal example is caught, and returns it; fails the test unless it is."""
+    it, writes whether the minimal example is caught, and returns it; fails the test unless it is.
+    ``crashes``: the first line of each example's crash (filled while it searches), so that a
+    control whose examples ended before comparing anything is not said to have passed them."""
     __tracebackhide__ = True
     judged = _OncePerValue(caught)
     try:
@@ -41,6 +44,10 @@ def search(
             ),
         )
     except NoSuchExample:
+        if crashes:
+            why = f"{len(crashes)} of the examples run ended before comparing anything; the first: {crashes[0]}"
+            recorder.write(NegativeControl(gate, False, f"none of {max_examples} examples", why))
+            fail(f"{gate}: no example of the known-wrong variant was judged: {why}")
         recorder.write(NegativeControl(gate, False, f"none of {max_examples} examples", "the gates passed every one"))
         fail(f"{gate}: the gates passed a known-wrong variant on all {max_examples} examples tried")
     message = judged(minimal)

@@ -77,6 +77,8 @@ class GateRunner:
         self._judge(self.impl)
         #: the running test's passed cases, by gate, task and the case's pickle (``_once``)
         self._passed: dict[tuple[str, str, bytes], Ran] = {}
+        #: the first line of each crash since the running negative control began (``catch``)
+        self._crashes: list[str] = []
 
     def _judge(self, impl: Impl | None) -> None:
         """The candidate the running test adapts its cases to and skips for."""
@@ -143,7 +145,10 @@ class GateRunner:
         if case != drawn and currently_in_test_context():
             # Hypothesis's "Falsifying example" shows the case as drawn; say how it ran.
             note(f"as it ran (adapted to the candidate and the run's options): {case!r}")
-        return run_on(self.pool, case, task, timeout_s=timeout_s, env=env)
+        ran = run_on(self.pool, case, task, timeout_s=timeout_s, env=env)
+        if ran.outcome.failure is not None:
+            self._crashes.append(ran.outcome.failure.message.splitlines()[0] if ran.outcome.failure.message else "")
+        return ran
 
     def check(self, gate: str, case: Any, *, task: str = "optimizer", exact: bool = False) -> Ran:
         """Runs the case and writes it with its verdict; fails the test unless every comparison passed.
@@ -260,9 +265,13 @@ class GateRunner:
         max_examples: int = 300,
     ) -> T:
         """A negative control (``controls.search``): the minimal example the gates reject; the
-        test fails unless one is found and caught."""
+        test fails unless one is found and caught, saying how many examples ended before
+        comparing anything (a control whose every case errors judged nothing)."""
         __tracebackhide__ = True
-        return controls.search(self.recorder, gate, strategy, caught, describe, max_examples=max_examples)
+        self._crashes.clear()
+        return controls.search(
+            self.recorder, gate, strategy, caught, describe, max_examples=max_examples, crashes=self._crashes
+        )
 
     def train(self, gate: str, spec: TrainingSpec) -> Mapping[str, Any]:
         """A training gate (``scenarios.train``)."""
