@@ -21,13 +21,15 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import reference
+from harness import layouts
 from harness.algorithms import reference_of
+from harness.candidates import declaration_of
 from harness.cases.case import Case, ParamSpec
 from harness.cases.tensors import generator, gradient, initial_param
 from harness.ranks import RankContext
 from harness.tasks.checkpoint import checkpoint_dir, dcp_load, dcp_save, params_bytes, remove_checkpoint
 from harness.tasks.clipping import clip_step, tie
-from harness.tasks.common import PIECE, local_of, local_piece, mesh_for, shard_like
+from harness.tasks.common import PIECE, local_of, local_piece, mesh_for, read_own_sharding, shard_like
 from harness.tasks.layouts import build_model, case_param, zeros_of
 from harness.tasks.phases import Phases
 from harness.tasks.qk_clip import qk_clip_step
@@ -186,13 +188,21 @@ def backward_model_case(seed: int, dims: tuple[int, int, int], world_size: int, 
 
 def _mlp(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None) -> nn.Module:
     """The two-layer MLP of ``backward_model_case`` holding ``tensors``, each layer and the
-    whole ``fully_shard``-ed on ``mesh`` (``None``: left plain)."""
+    whole ``fully_shard``-ed on ``mesh`` (``None``: left plain); laid out by the candidate's own
+    ``shard`` instead where the case is given to it (``layouts.OWN``: torchtitan names its mesh's
+    axis, and a mesh of another name was refused by its ``DistMuon``)."""
     (d1, d0), d2 = case.params[0].shape, case.params[1].shape[0]
     model = nn.Sequential(nn.Linear(d0, d1, bias=False), nn.Tanh(), nn.Linear(d1, d2)).to(tensors[0].device)
     with torch.no_grad():
         for spec, t in zip(case.params, tensors, strict=True):
             model.get_parameter(spec.name).copy_(t)
-    if mesh is not None:
+    if mesh is not None and case.layout is layouts.OWN:
+        own = declaration_of(case.candidate).shard
+        assert own is not None, f"{case.candidate} declares no shard of its own"
+        own(model, mesh)
+        named = ((s.name, model.get_parameter(s.name), torch.Size(s.shape)) for s in case.params)
+        read_own_sharding(named, case.candidate, mesh.get_rank())
+    elif mesh is not None:
         for module in (model[0], model[2], model):
             fully_shard(module, mesh=mesh)
     return model
