@@ -626,3 +626,35 @@ def test_sharded_normuon_is_judged_bitwise_against_reference_normuon(tmp_path: P
     assert result.returncode == 0, result.stdout[-3000:]
     assert re.search(r"\d+ gates: (\d+) bitwise, 0 within causes, 0 not judged, 0 differ", result.stdout)
     assert re.search(r"which\s+reference\.NorMuon\s+does\s+not\s+declare", result.stdout), result.stdout[-3000:]
+
+
+NAMED_AXIS = """
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from distributed_impl import ShardedMuon
+from harness.candidates import Candidate
+
+
+def shard_on_its_axis(module, mesh):
+    fully_shard(module, mesh=DeviceMesh.from_group(mesh.get_group(), mesh.device_type, mesh_dim_names=("dp_shard",)))
+
+
+@Candidate(shard=shard_on_its_axis, features={"fully_shard", "experts"})
+def named_axis(param_groups, **settings):
+    for group in param_groups:
+        for p in group["params"]:
+            if p.device_mesh.mesh_dim_names != ("dp_shard",):
+                raise ValueError(f"named_axis is configured by its axis 'dp_shard'; got {p.device_mesh.mesh_dim_names}")
+    return ShardedMuon(param_groups, **settings)
+"""
+
+
+@pytest.mark.slow
+def test_a_candidate_s_own_shard_lays_out_the_model_of_the_real_backward_gate(tmp_path: Path) -> None:
+    """torchtitan's ``DistMuon`` is configured by its mesh axis's name, which its ``shard`` gives:
+    the real-backward gate called ``fully_shard`` itself on an axis of another name, and every
+    case was an error of muongate's (one H100, 2026-12-07). Now that gate, like every other, lays
+    the model out with the candidate's own ``shard``."""
+    (tmp_path / "named_axis.py").write_text(NAMED_AXIS)
+    result = _run(tmp_path, "-k", "real_fsdp2 or several_steps", "--impl", "named_axis:named_axis")
+    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout[-3000:]
