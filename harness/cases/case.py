@@ -197,7 +197,7 @@ class Case:
             parts.append(f"tp {self.tp}")
         if self.ep > 1:
             parts.append(f"ep {self.ep}")
-        if self.layout is layouts.OWN:
+        if self.layout == layouts.OWN:
             parts.append("laid out by the candidate's own shard")
         parts.append(f"{self.steps} step{'s' if self.steps != 1 else ''}")
         if self.mode not in (None, "all_ranks"):

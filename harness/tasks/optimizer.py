@@ -196,7 +196,7 @@ def _mlp(case: Case, tensors: list[Tensor], mesh: DeviceMesh | None) -> nn.Modul
     with torch.no_grad():
         for spec, t in zip(case.params, tensors, strict=True):
             model.get_parameter(spec.name).copy_(t)
-    if mesh is not None and case.layout.name == layouts.OWN.name:
+    if mesh is not None and case.layout == layouts.OWN:
         own = declaration_of(case.candidate).shard
         assert own is not None, f"{case.candidate} declares no shard of its own"
         own(model, mesh)
