@@ -36,8 +36,8 @@ What it declares, and why:
   Newton–Schulz dtype (``lr_scale_on="update"``); the AdamW half is Keller Jordan's inline
   ``adam_update`` up to 0.19.5 and ``torch.optim.AdamW`` from 0.19.6 (``"torch_adam": true``,
   at its default kernels: ``adamw_kernels="default"``), at DeepSpeed's own betas (0.9, 0.95)
-  and eps 1e-10 for it. DeepSpeed's own ``MuonWithAuxAdam`` on one device is compared too and shown beside the verdict
-  (``shown``): where the two disagree, the reference is what decides, so a bug the engine
+  and eps 1e-10 for it. DeepSpeed's own ``MuonWithAuxAdam`` on one device is compared too and
+  shown beside the verdict (``shown``): where the two disagree, the reference is what decides, so a bug the engine
   shares with its one-device optimizer fails the gate, and one of the one-device optimizer
   alone does not fail a correct stage. A bf16 model's momentum is rounded to bf16 at stages 1–3
   (``examples/findings/deepspeed_muon_bf16_momentum.py``), which the reference does not take:

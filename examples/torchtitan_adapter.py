@@ -21,8 +21,8 @@ orthogonalizes in one batched product per stack, the stack's norms in one reduct
 source says batched kernels need not be bitwise one-by-one Muon): the reference's
 ``ns_stacks="batched"``, bit for bit its Newton–Schulz (``tests/test_reference.py``); and
 since each rank batches the experts it holds, the stack in each rank's chunk
-(``"per_rank"``: ``ns_stacks`` the case's world size); FSDP2's own parameters (``fully_shard``); checkpoints (its
-``load_state_dict`` post-hook re-plans its redistributions after a load). It refuses a step while any
+(``"per_rank"``: ``ns_stacks`` the case's world size); FSDP2's own parameters
+(``fully_shard``); checkpoints (its ``load_state_dict`` post-hook re-plans its redistributions after a load). It refuses a step while any
 configured gradient is missing, as its docstring states (``needs_every_grad``). It needs one CUDA
 device per process (``_validate_parameter_storage``), so it declares ``cuda`` only: on CPU
 every gate skips, naming that.

@@ -202,9 +202,10 @@ class Impl:
         if settings.get("ns_steps", self.min_ns_steps) < self.min_ns_steps:
             notes.append(f"ns_steps {settings['ns_steps']} → {self.min_ns_steps} (min_ns_steps)")
             settings["ns_steps"] = self.min_ns_steps
-        if PER_RANK in dict(self.conventions).values() and len(case.mesh if not flat else (world,)) > 1:
+        mesh = (world,) if flat else case.mesh
+        if PER_RANK in dict(self.conventions).values() and len(mesh) > 1:
             raise UnsupportedConvention(
-                f"{self.spec}: a convention {PER_RANK!r} is for a 1-D mesh; this case's is {case.mesh}"
+                f"{self.spec}: a convention {PER_RANK!r} is for a 1-D mesh; this case's is {mesh}"
             )
         checkpoint = case.checkpoint_after if "checkpoint" in self.features else None
         if checkpoint != case.checkpoint_after:
@@ -215,7 +216,7 @@ class Impl:
             candidate=self.factory,
             mode=None,
             world_size=world,
-            mesh=(world,) if flat else case.mesh,
+            mesh=mesh,
             layout=layouts.FSDP if flat else case.layout,
             settings=tuple({**settings, **per_case(self.conventions, world)}.items()),
             checkpoint_after=checkpoint,

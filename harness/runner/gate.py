@@ -147,7 +147,7 @@ class GateRunner:
             note(f"as it ran (adapted to the candidate and the run's options): {case!r}")
         ran = run_on(self.pool, case, task, timeout_s=timeout_s, env=env)
         if ran.outcome.failure is not None:
-            self._crashes.append(ran.outcome.failure.message.splitlines()[0] if ran.outcome.failure.message else "")
+            self._crashes.append(ran.outcome.failure.headline())
         return ran
 
     def check(self, gate: str, case: Any, *, task: str = "optimizer", exact: bool = False) -> Ran:
