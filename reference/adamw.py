@@ -60,7 +60,7 @@ from typing import Any, ClassVar, Literal, cast, get_args
 import torch
 from torch import Tensor
 
-from reference.muon import param_names, torch_kernels
+from reference.muon import foreach_adam_update, param_names, torch_kernels
 
 WeightDecayForm = Literal["decoupled", "l2"]
 AdamEpsForm = Literal["outside", "inside"]
@@ -210,28 +210,20 @@ def _foreach_adam_step(
     """``adam_step`` with torch's conventions through ``_foreach_*`` kernels (``kernels="foreach"``)."""
     if "step" not in state:
         init_adam_state(param, state, amsgrad=amsgrad, state_dtype="param")
-    params, exp_avgs, exp_avg_sqs = [param], [state["exp_avg"]], [state["exp_avg_sq"]]
-    grads = torch._foreach_neg([grad]) if maximize else [grad]
     state["step"] += 1
-    beta1, beta2 = betas
-    if weight_decay != 0:
-        if decoupled:
-            torch._foreach_mul_(params, 1 - lr * weight_decay)
-        else:
-            grads = torch._foreach_add(grads, params, alpha=weight_decay)
-    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-    second = exp_avg_sqs
-    if amsgrad:
-        second = [state["max_exp_avg_sq"]]
-        torch._foreach_maximum_(second, exp_avg_sqs)
-    step = state["step"].item()
-    step_size = -(lr / (1 - beta1**step))
-    denom = torch._foreach_sqrt(second)
-    torch._foreach_div_(denom, [(1 - beta2**step) ** 0.5])
-    torch._foreach_add_(denom, eps)
-    torch._foreach_addcdiv_(params, exp_avgs, denom, [step_size])
+    foreach_adam_update(
+        param,
+        torch._foreach_neg([grad])[0] if maximize else grad,
+        state["exp_avg"],
+        state["exp_avg_sq"],
+        state["step"].item(),
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        decoupled=decoupled,
+        max_exp_avg_sq=state["max_exp_avg_sq"] if amsgrad else None,
+    )
 
 
 class PerParameter(torch.optim.Optimizer):

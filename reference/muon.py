@@ -521,9 +521,10 @@ def adamw_update(
     beta1, beta2 = betas
     g = grad.float()
     if torch_kernels(kernels, param) == "foreach":
-        _foreach_adamw_update(
-            param, g, exp_avg, exp_avg_sq, step, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
-        )
+        p = param if param.dtype == torch.float32 else param.float()
+        foreach_adam_update(p, g, exp_avg, exp_avg_sq, step, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        if p is not param:
+            param.copy_(p)
         return
     exp_avg.lerp_(g, 1 - beta1)
     if squares == "lerp":
@@ -550,33 +551,42 @@ def torch_kernels(kernels: AdamwKernels, t: Tensor) -> Literal["single_tensor", 
     return "foreach" if t.device.type in _get_foreach_kernels_supported_devices() else "single_tensor"
 
 
-def _foreach_adamw_update(
-    param: Tensor,
+def foreach_adam_update(
+    p: Tensor,
     g: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    step: int,
+    step: float,
     *,
     lr: float,
     betas: tuple[float, float],
     eps: float,
     weight_decay: float,
+    decoupled: bool = True,
+    max_exp_avg_sq: Tensor | None = None,
 ) -> None:
-    """``adamw_update`` as ``torch.optim.AdamW(foreach=True)`` runs it, operation for operation
-    (its ``_multi_tensor_adamw``) on one-element lists, on float32 state."""
+    """One step of ``p`` as ``torch.optim.AdamW``/``Adam(foreach=True)`` runs it (their
+    ``_multi_tensor_adam(w)``), operation for operation on one-element lists: decay (decoupled
+    on ``p``, or L2 into the gradient), both moments, amsgrad's running maximum where
+    ``max_exp_avg_sq`` is given, then the bias-corrected step, in ``p``'s own dtype."""
     beta1, beta2 = betas
-    p = param if param.dtype == torch.float32 else param.float()
+    grads = [g]
     if weight_decay != 0:
-        torch._foreach_mul_([p], 1 - lr * weight_decay)
-    torch._foreach_lerp_([exp_avg], [g], 1 - beta1)
+        if decoupled:
+            torch._foreach_mul_([p], 1 - lr * weight_decay)
+        else:
+            grads = list(torch._foreach_add(grads, [p], alpha=weight_decay))
+    torch._foreach_lerp_([exp_avg], grads, 1 - beta1)
     torch._foreach_mul_([exp_avg_sq], beta2)
-    torch._foreach_addcmul_([exp_avg_sq], [g], [g], 1 - beta2)
-    denom = torch._foreach_sqrt([exp_avg_sq])
+    torch._foreach_addcmul_([exp_avg_sq], grads, grads, 1 - beta2)
+    second = [exp_avg_sq]
+    if max_exp_avg_sq is not None:
+        second = [max_exp_avg_sq]
+        torch._foreach_maximum_(second, [exp_avg_sq])
+    denom = torch._foreach_sqrt(second)
     torch._foreach_div_(denom, [(1 - beta2**step) ** 0.5])
     torch._foreach_add_(denom, eps)
     torch._foreach_addcdiv_([p], [exp_avg], denom, [-(lr / (1 - beta1**step))])
-    if p is not param:
-        param.copy_(p)
 
 
 def keller_adam_update(
