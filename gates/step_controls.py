@@ -3,7 +3,8 @@ planted. Each declares one step (``harness.models.step``) and lays the model out
 as the 2026 reports against training frameworks describe (a narrower reduce dtype than the
 policy, a sum where a mean is due, a mean over the wrong group, a micro-batch dropped, a resume
 that restarts the schedule, drops Adam's moments, forgets a decay mask or keeps the old world's
-divisor); the training gates must catch every one."""
+divisor, a pipeline that sums its micro-batches or trains on the last alone); the training
+gates must catch every one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
 from harness.models.step import DTYPES
 from harness.models.transformer import TransformerCase
+from harness.tasks.pipeline import PipelineCase, feed, make_schedule
 
 
 @dataclass(frozen=True)
@@ -116,3 +118,36 @@ class OldDivisorOnResumeTransformer(TransformerCase):
         super().shard(model, mesh)
         if mesh.size() < self.world_size:
             cast(FSDPModule, model).set_gradient_divide_factor(float(self.world_size))
+
+
+@dataclass(frozen=True)
+class SummedPipeline(PipelineCase):
+    """Declares the mean over its micro-batches but runs the schedule with ``scale_grads=False``:
+    the gradients are their sum, as where the loss is not divided by the micro-batches either."""
+
+    def schedule_of(self, stage: Any, loss_fn: Any) -> Any:
+        return make_schedule(self.schedule, stage, self.micro_batches, loss_fn, scale_grads=False)
+
+
+@dataclass(frozen=True)
+class LastMicroBatchPipeline(PipelineCase):
+    """Declares its micro-batches' mean but steps the schedule once a micro-batch, zeroing the
+    stage's gradients before each: only the last micro-batch trains (a ``zero_grad`` inside the
+    micro-batch loop)."""
+
+    def schedule_of(self, stage: Any, loss_fn: Any) -> Any:
+        return make_schedule(self.schedule, stage, 1, loss_fn)
+
+    def step(
+        self, schedule: Any, stage_module: nn.Module, tokens: Tensor | None, targets: Tensor | None
+    ) -> list[Tensor]:
+        losses: list[Tensor] = []
+        n = self.micro_batches
+        for micro in range(n):
+            stage_module.zero_grad()
+            losses += feed(
+                schedule,
+                None if tokens is None else tokens.tensor_split(n)[micro],
+                None if targets is None else targets.tensor_split(n)[micro],
+            )
+        return losses

@@ -30,10 +30,12 @@ from gates.step_controls import (
     DecayedOnResumeTransformer,
     DroppedMicroBatchTransformer,
     DroppedMomentTransformer,
+    LastMicroBatchPipeline,
     NarrowReduceTransformer,
     OldDivisorOnResumeTransformer,
     RestartedScheduleTransformer,
     ShardGroupOnlyTransformer,
+    SummedPipeline,
     SummedReduceTransformer,
 )
 from harness.layouts import FSDP_TP
@@ -41,6 +43,7 @@ from harness.models.step import Accumulation, Precision, Resume
 from harness.models.transformer import Mlp, TransformerCase
 from harness.runner.ran import differed
 from harness.session import gate_config
+from harness.tasks.pipeline import SCHEDULES, PipelineCase
 from harness.tasks.training import TwinsCase
 
 pytestmark = pytest.mark.gate
@@ -212,6 +215,45 @@ def test_mixed_precision_training_gate_catches_a_reduction_in_bf16_under_an_fp32
         world_size=min(gate_config().nproc, 4),
     )  # fmt: skip
     _caught(gate_runner, "negative:training:precision:NarrowReduceTransformer", planted)
+
+
+# -- pipeline parallelism: torch.distributed.pipelining (harness/tasks/pipeline.py) ---------
+#: four blocks in two stages: the first holds the embedding, the last the norm and the head,
+#: so each stage's parameter groups differ
+PIPELINED = TransformerCase("dense MLP, 4 layers in 2 pipeline stages", layers=4, steps=3)
+
+
+def _pipelined(case: TransformerCase) -> TransformerCase:
+    """On 2 ranks (a stage each) or 4 (each stage FSDP2 over 2), where the session has them."""
+    return _on(case, 4 if gate_config().nproc >= 4 else 2)
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_pipelined_training_matches_single_process_reference_at_every_step(gate_runner: Any, schedule: str) -> None:
+    """GPipe and 1F1B over two stages, three micro-batches a step (a divisor that no power of two
+    hides), each stage laid out by FSDP2 over the ranks it has: losses, gradients, parameters and
+    state of every stage against one process that sums each rank's micro-batches, averages the
+    ranks and divides by three. Bitwise on 2 and 4 ranks."""
+    gate_runner.reference_only("training:pipeline")
+    gate_runner.check("training:pipeline", PipelineCase(_pipelined(PIPELINED), schedule), task="pipeline")
+
+
+@pytest.mark.judges(
+    "the pipeline training gate, with a schedule that sums its micro-batches' gradients where their mean is "
+    "due, and one that trains on the last micro-batch alone (negative controls)",
+    "muongate: gates",
+)
+@pytest.mark.parametrize(
+    ("planted", "schedule"),
+    # a schedule of one micro-batch a step (the last-alone plant's) is GPipe's: 1F1B wants one a stage
+    [(SummedPipeline, "1f1b"), (LastMicroBatchPipeline, "gpipe")],
+    ids=["SummedPipeline", "LastMicroBatchPipeline"],
+)
+def test_pipelined_training_gate_catches_a_wrong_mean_over_micro_batches(
+    gate_runner: Any, planted: type, schedule: str
+) -> None:
+    case = planted(_pipelined(replace(PIPELINED, name=f"planted {planted.__name__}", steps=1)), schedule)
+    _caught(gate_runner, f"negative:training:pipeline:{planted.__name__}", case, task="pipeline")
 
 
 # -- a resume across a learning-rate schedule (harness/models/step.py, Resume) --

@@ -9,6 +9,7 @@ import torch
 
 from harness.models.step import FULL, SCHEDULES, Accumulation, Precision, Resume, one_device_gradients
 from harness.models.transformer import TransformerCase
+from harness.tasks.pipeline import PipelineCase
 from harness.tasks.training import order_free, reduction_order, reduction_order_loss
 
 
@@ -90,6 +91,17 @@ def test_autocast_wraps_the_forward_only_where_declared():
         (lambda: Resume(world=1), "world=1: the ranks a resume continues on, with after > 0"),
         (lambda: TransformerCase("x", resume=Resume(after=1, world=2)), "resume world=2 with world_size=2"),
         (lambda: TransformerCase("x", steps=2, resume=Resume(after=2)), "resume after=2 with steps=2"),
+        (lambda: PipelineCase(TransformerCase("x", layers=4), "zero_bubble"), "schedule='zero_bubble'"),
+        (lambda: PipelineCase(TransformerCase("x", layers=3)), "stages=2: at least 2, dividing"),
+        (lambda: PipelineCase(TransformerCase("x", layers=4), micro_batches=1), "micro_batches=1"),
+        (
+            lambda: PipelineCase(TransformerCase("x", layers=4, accumulation=Accumulation(2))),
+            "the spec's accumulation=Accumulation",
+        ),
+        (
+            lambda: PipelineCase(TransformerCase("x", layers=4, precision=Precision(autocast="bfloat16"))),
+            "the spec's precision=Precision",
+        ),
     ],
 )
 def test_a_declaration_fsdp2_could_not_mean_is_refused_naming_the_field(declare, named):
@@ -202,3 +214,13 @@ def test_each_group_follows_its_own_schedule():
         assert [g["lr"] for g in opt.param_groups] == [SCHEDULES["warmup_decay"](step), SCHEDULES["linear_decay"](step)]
         opt.step()
         schedule.step()
+
+
+def test_a_pipeline_s_one_device_step_sums_each_data_rank_s_micro_batches_before_their_mean():
+    """Under FSDP2 a stage reduces at its last micro-batch only, so one device sums each rank's
+    micro-batches first; on 4 ranks in 2 stages each mean is of 2 ranks, so the step is bitwise."""
+    case = PipelineCase(TransformerCase("x", layers=4, world_size=4), micro_batches=3)
+    one = case.one_device()
+    assert (one.world_size, one.accumulation) == (2, Accumulation(3, "last"))
+    assert order_free(one)
+    assert not order_free(PipelineCase(TransformerCase("x", layers=4, world_size=8)).one_device())

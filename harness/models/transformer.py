@@ -128,9 +128,10 @@ class TransformerCase:
 
     @staticmethod
     def wrap(model: nn.Module, mesh: Any, policy: Any) -> None:
-        """``fully_shard`` each block, then the whole model, on ``mesh`` (HSDP on a 2-D one) with ``policy``."""
-        assert isinstance(model, Transformer)
-        for block in model.blocks:
+        """``fully_shard`` each block, then the whole model (or a pipeline ``Stage`` of it), on
+        ``mesh`` (HSDP on a 2-D one) with ``policy``."""
+        assert isinstance(model, (Transformer, Stage))
+        for block in [m for m in model.modules() if isinstance(m, Block)]:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
 
@@ -199,3 +200,29 @@ class Transformer(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h))
+
+
+class Stage(nn.Module):
+    """Stage ``index`` of ``stages`` of a ``Transformer`` for pipeline parallelism, as users
+    split one by hand (``torch.distributed.pipelining.PipelineStage`` over a module of their
+    own): the first stage holds the embedding, each its share of the blocks, the last the final
+    norm and the head. It holds the model's own modules under their names in the model, so a
+    parameter is named as in the whole model (``blocks.3.attn.q.weight``)."""
+
+    def __init__(self, model: Transformer, index: int, stages: int) -> None:
+        super().__init__()
+        layers = len(model.blocks)
+        if not 0 <= index < stages or layers % stages:
+            raise ValueError(f"stage {index} of {stages}: the stages must divide the model's {layers} blocks")
+        per = layers // stages
+        if index == 0:
+            self.embed = model.embed
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(index * per, (index + 1) * per)})
+        if index == stages - 1:
+            self.norm, self.head = model.norm, model.head
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.embed(x) if hasattr(self, "embed") else x
+        for block in self.blocks.values():
+            h = block(h)
+        return self.head(self.norm(h)) if hasattr(self, "head") else h

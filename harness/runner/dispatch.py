@@ -12,6 +12,7 @@ from harness.tasks.engine import run_engine_case
 from harness.tasks.kernel import run_kernel_case
 from harness.tasks.muon import run_cause_case, run_orthogonalize_case, run_spectrum_case, run_update_case
 from harness.tasks.optimizer import run_backward_case, run_optimizer_case, run_routing_case
+from harness.tasks.pipeline import run_pipeline_case
 from harness.tasks.reshard import run_reshard_case
 from harness.tasks.result import TaskResult
 from harness.tasks.training import run_training_case, run_training_twins
@@ -27,6 +28,7 @@ TASKS: dict[str, Callable[[RankContext, Any], TaskResult]] = {
     "causes": run_cause_case,
     "training": run_training_case,
     "twins": run_training_twins,
+    "pipeline": run_pipeline_case,
     "kernel": run_kernel_case,
     "engine": run_engine_case,
 }

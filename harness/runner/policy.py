@@ -15,7 +15,7 @@ from harness.candidates.declaration import declaration_of
 from harness.runner.adapt import SELF_JUDGED
 
 #: tasks whose model the harness lays out with ``fully_shard`` (not a candidate's own ``shard``)
-TASKS_OF_MODELS = ("backward", "training", "twins")
+TASKS_OF_MODELS = ("backward", "training", "twins", "pipeline")
 
 
 @dataclass(frozen=True)

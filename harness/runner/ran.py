@@ -13,7 +13,7 @@ from reports.records import Comparison, Status, finding_of
 
 class RankCase(Protocol):
     """What every kind of case a rank task takes has (``Case``, ``ReshardCase``, ``KernelCase``,
-    ``TwinsCase``, a training spec): frozen and picklable, the ranks it needs, and its
+    ``TwinsCase``, ``PipelineCase``, a training spec): frozen and picklable, the ranks it needs, and its
     description, and the reference class it is judged against (``harness.algorithms.reference_of``).
     The runner reads anything else a kind may carry (``narrowed``, ``candidate``, ``layout``)
     where it is there."""

@@ -50,13 +50,15 @@ def candidate_keywords(held: Any) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k != "use_muon"}
 
 
-def mesh_for(ctx: RankContext, mesh: tuple[int, ...], *, layout: Layout | None = None) -> DeviceMesh:
+def mesh_for(
+    ctx: RankContext, mesh: tuple[int, ...], *, layout: Layout | None = None, names: tuple[str, ...] | None = None
+) -> DeviceMesh:
     """A mesh over the pool's groups made for it at start-up (no group is made here), its
-    dims named as the case's layout family names them (``Layout.dims``; ``None``: FSDP2's
-    own, ``fully_shard`` on 1-D, HSDP on 2-D). A 1-D mesh of fewer ranks than the case's
-    spans ranks ``0 .. n-1``."""
+    dims named ``names``, or as the case's layout family names them (``Layout.dims``; ``None``:
+    FSDP2's own, ``fully_shard`` on 1-D, HSDP on 2-D). A 1-D mesh of fewer ranks than the
+    case's spans ranks ``0 .. n-1``."""
     device_type = torch.device(ctx.device).type
-    names = (layout or fully_sharded(len(mesh))).dims
+    names = names or (layout or fully_sharded(len(mesh))).dims
     if len(mesh) == 1:
         group = ctx.group if mesh[0] == ctx.world_size else ctx.world_groups[mesh[0]]
         return DeviceMesh.from_group(group, device_type, mesh_dim_names=names)
