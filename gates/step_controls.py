@@ -125,8 +125,8 @@ class SummedPipeline(PipelineCase):
     """Declares the mean over its micro-batches but runs the schedule with ``scale_grads=False``:
     the gradients are their sum, as where the loss is not divided by the micro-batches either."""
 
-    def schedule_of(self, stage: Any, loss_fn: Any) -> Any:
-        return make_schedule(self.schedule, stage, self.micro_batches, loss_fn, scale_grads=False)
+    def schedule_of(self, stages: list[Any], loss_fn: Any) -> Any:
+        return make_schedule(self.schedule, stages, self.micro_batches, loss_fn, scale_grads=False)
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,8 @@ class LastMicroBatchPipeline(PipelineCase):
     stage's gradients before each: only the last micro-batch trains (a ``zero_grad`` inside the
     micro-batch loop)."""
 
-    def schedule_of(self, stage: Any, loss_fn: Any) -> Any:
-        return make_schedule(self.schedule, stage, 1, loss_fn)
+    def schedule_of(self, stages: list[Any], loss_fn: Any) -> Any:
+        return make_schedule(self.schedule, stages, 1, loss_fn)
 
     def step(
         self, schedule: Any, stage_module: nn.Module, tokens: Tensor | None, targets: Tensor | None

@@ -230,10 +230,12 @@ def _pipelined(case: TransformerCase) -> TransformerCase:
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 def test_pipelined_training_matches_single_process_reference_at_every_step(gate_runner: Any, schedule: str) -> None:
-    """GPipe and 1F1B over two stages, three micro-batches a step (a divisor that no power of two
-    hides), each stage laid out by FSDP2 over the ranks it has: losses, gradients, parameters and
-    state of every stage against one process that sums each rank's micro-batches, averages the
-    ranks and divides by three. Bitwise on 2 and 4 ranks."""
+    """Each schedule over two pipeline ranks, three micro-batches a step (a divisor that no power
+    of two hides): GPipe and 1F1B with a stage a rank, the interleaved ones and looped BFS with
+    two model chunks a rank; each chunk laid out by FSDP2 over the ranks it has. Losses,
+    gradients, parameters and state of every chunk against one process that sums each rank's
+    micro-batches (in the order the schedule's backwards take them), averages the ranks and
+    divides by three. Bitwise on 2 and 4 ranks."""
     gate_runner.reference_only("training:pipeline")
     gate_runner.check("training:pipeline", PipelineCase(_pipelined(PIPELINED), schedule), task="pipeline")
 

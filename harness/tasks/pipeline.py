@@ -3,16 +3,17 @@
 data-parallel ranks, trained by the candidate on every stage.
 
 A ``PipelineCase`` runs a ``TransformerCase`` on a ``(pp, dp)`` mesh: ``stages`` pipeline
-stages (``harness.models.transformer.Stage``: the embedding first, the head last), each
-``fully_shard``-ed over ``dp = world // stages`` ranks (one, where the stages take every rank).
-Each step, each data-parallel rank's batch of ``micro_batches × batch`` windows goes through
-the schedule (GPipe or 1F1B), which splits it into micro-batches, sums their gradients (FSDP2
-reduces only at the last backward) and divides by their number (pipelining's ``scale_grads``);
-the candidate then steps each stage's parameters.
+ranks, each holding one model chunk (GPipe, 1F1B) or two (interleaved 1F1B, looped BFS: chunk
+``r`` and ``stages + r``), each chunk a ``harness.models.transformer.Stage`` (the embedding
+first, the head last) ``fully_shard``-ed over ``dp = world // stages`` ranks (one, where the
+stages take every rank). Each step, each data-parallel rank's batch of ``micro_batches ×
+batch`` windows goes through the schedule, which splits it into micro-batches, sums their
+gradients (FSDP2 reduces only at the last backward) and divides by their number (pipelining's
+``scale_grads``); the candidate then steps every chunk's parameters.
 
 The one-device side (on every rank, the whole model) follows that declaration: each
 data-parallel rank's micro-batches forward and backward in turn, each rank's gradients summed
-over its micro-batches, the mean over the ranks (``harness.models.step.one_device_gradients``
+over its micro-batches in the order the schedule's backwards take them, the mean over the ranks (``harness.models.step.one_device_gradients``
 with ``sync="last"``), then divided by the number of micro-batches. Losses (on the last stage),
 gradients, parameters and optimizer state of each stage's parameters are compared after every
 step: bitwise where each mean has at most two ranks, else in ``reduction_order``. A schedule
@@ -25,7 +26,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -49,15 +50,35 @@ from harness.tasks.training import (
 from harness.verdicts.compare import BITWISE, compare
 from reports.records import Comparison
 
-#: the schedules a case may run: ``torch.distributed.pipelining``'s class of each
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+
+class Schedule(NamedTuple):
+    """A pipelining schedule as a case runs it: torch's class, the model chunks it gives each
+    rank (2: stage ``r`` and ``stages + r`` on rank ``r``, torch's looped placement), and whether
+    its backwards take a step's micro-batches last to first (their gradients add up in that order)."""
+
+    cls: str
+    chunks: int = 1
+    reversed: bool = False
+
+
+#: the schedules a case may run. Not ``ScheduleInterleavedZeroBubble``: under the gate its
+#: gradients differed from the second step on (sign flips, not rounding), while a standalone run
+#: of it on the same model, FSDP2 stages and SGD steps agreed with one device; undetermined
+#: whose (results of 2026-12-08)
+SCHEDULES = {
+    "gpipe": Schedule("ScheduleGPipe"),
+    "1f1b": Schedule("Schedule1F1B"),
+    "interleaved_1f1b": Schedule("ScheduleInterleaved1F1B", chunks=2),
+    "looped_bfs": Schedule("ScheduleLoopedBFS", chunks=2, reversed=True),
+}
 
 
 @dataclass(frozen=True)
 class PipelineCase:
-    """A transformer (``spec``, a ``TransformerCase`` of ``spec.world_size`` ranks) trained in
-    ``stages`` pipeline stages by ``schedule`` (one of ``SCHEDULES``) over ``micro_batches``
-    micro-batches of ``spec.batch`` windows a step (module docstring)."""
+    """A transformer (``spec``, a ``TransformerCase`` of ``spec.world_size`` ranks) trained over
+    ``stages`` pipeline ranks (each holding the schedule's ``chunks`` of the model) by
+    ``schedule`` (a key of ``SCHEDULES``) over ``micro_batches`` micro-batches of ``spec.batch``
+    windows a step (module docstring)."""
 
     spec: Any
     schedule: str = "gpipe"
@@ -68,10 +89,11 @@ class PipelineCase:
         spec = self.spec
         if self.schedule not in SCHEDULES:
             raise ValueError(f"PipelineCase schedule={self.schedule!r}: one of {sorted(SCHEDULES)}")
-        if self.stages < 2 or spec.world_size % self.stages or spec.layers % self.stages:
+        chunks = SCHEDULES[self.schedule].chunks
+        if self.stages < 2 or spec.world_size % self.stages or spec.layers % (self.stages * chunks):
             raise ValueError(
-                f"PipelineCase stages={self.stages}: at least 2, dividing world_size={spec.world_size} and "
-                f"the model's {spec.layers} layers"
+                f"PipelineCase stages={self.stages}: at least 2, dividing world_size={spec.world_size}, and with "
+                f"{self.schedule}'s {chunks} chunk(s) a rank dividing the model's {spec.layers} layers"
             )
         if self.micro_batches < self.stages:
             raise ValueError(
@@ -102,9 +124,15 @@ class PipelineCase:
     def reference(self) -> Any:
         return self.spec.reference
 
+    @property
+    def chunks(self) -> int:
+        """Model chunks a pipeline rank holds."""
+        return SCHEDULES[self.schedule].chunks
+
     def describe(self) -> str:
+        held = f" ({self.chunks} chunks a rank)" if self.chunks > 1 else ""
         return (
-            f"{self.spec.describe()} · pipeline {SCHEDULES[self.schedule]}, {self.stages} stages × FSDP2 over "
+            f"{self.spec.describe()} · pipeline {SCHEDULES[self.schedule].cls}, {self.stages} stages{held} × FSDP2 over "
             f"{self.data_parallel} rank{'s' if self.data_parallel > 1 else ''}, {self.micro_batches} micro-batches a step"
         )
 
@@ -115,10 +143,10 @@ class PipelineCase:
         return replace(self.spec, world_size=self.data_parallel, accumulation=Accumulation(self.micro_batches, "last"))
 
     # -- what a planted pipeline changes (gates.step_controls) --
-    def schedule_of(self, stage: Any, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> Any:
-        """The schedule each step runs: ``schedule`` over ``micro_batches``, dividing the summed
-        gradients by their number."""
-        return make_schedule(self.schedule, stage, self.micro_batches, loss_fn)
+    def schedule_of(self, stages: list[Any], loss_fn: Callable[[Tensor, Tensor], Tensor]) -> Any:
+        """The schedule each step runs on this rank's ``stages``: ``schedule`` over
+        ``micro_batches``, dividing the summed gradients by their number."""
+        return make_schedule(self.schedule, stages, self.micro_batches, loss_fn)
 
     def step(
         self, schedule: Any, stage_module: nn.Module, tokens: Tensor | None, targets: Tensor | None
@@ -129,12 +157,20 @@ class PipelineCase:
 
 
 def make_schedule(
-    name: str, stage: Any, micro_batches: int, loss_fn: Callable[[Tensor, Tensor], Tensor], *, scale_grads: bool = True
+    name: str,
+    stages: list[Any],
+    micro_batches: int,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    *,
+    scale_grads: bool = True,
 ) -> Any:
-    """``torch.distributed.pipelining``'s schedule ``name`` (a key of ``SCHEDULES``) of ``stage``."""
+    """``torch.distributed.pipelining``'s schedule ``name`` (a key of ``SCHEDULES``) of a rank's
+    ``stages`` (one, or a chunk each for a schedule of several)."""
     from torch.distributed import pipelining
 
-    return getattr(pipelining, SCHEDULES[name])(stage, micro_batches, loss_fn=loss_fn, scale_grads=scale_grads)
+    schedule = SCHEDULES[name]
+    held = stages if schedule.chunks > 1 else stages[0]
+    return getattr(pipelining, schedule.cls)(held, micro_batches, loss_fn=loss_fn, scale_grads=scale_grads)
 
 
 def feed(schedule: Any, tokens: Tensor | None, targets: Tensor | None) -> list[Tensor]:
@@ -154,16 +190,21 @@ def run_pipeline_case(ctx: RankContext, case: PipelineCase) -> TaskResult:
     ref_model = spec.build().to(device)
     model = copy.deepcopy(ref_model)
     pp_group, dp_mesh, index, dp_rank = _stage_of(ctx, case)
-    stage_module = Stage(model, index, case.stages)
-    spec.shard(stage_module, dp_mesh)
-    stage = PipelineStage(stage_module, index, case.stages, device, group=pp_group)
-    schedule = case.schedule_of(stage, byte_loss)
+    total = case.stages * case.chunks
+    chunks = [Stage(model, c * case.stages + index, total) for c in range(case.chunks)]
+    for chunk in chunks:
+        spec.shard(chunk, dp_mesh)
+    stages = [
+        PipelineStage(chunk, c * case.stages + index, total, device, group=pp_group) for c, chunk in enumerate(chunks)
+    ]
+    schedule = case.schedule_of(stages, byte_loss)
+    stage_module = Held(chunks)
     opt = candidate_optimizer(spec, stage_module)
     ref_opt = reference_optimizer(spec, ref_model)
     one_device = case.one_device()
     tier = BITWISE if order_free(one_device) else reduction_order(one_device)
     loss_tier = BITWISE if order_free(one_device) else reduction_order_loss(one_device)
-    first, last = index == 0, index == case.stages - 1
+    first, last = index == 0, index == case.stages - 1  # stage 0's rank, and the last stage's
     names = dict(stage_module.named_parameters())
     ref_names = dict(ref_model.named_parameters())
     records: list[Comparison] = []
@@ -199,6 +240,19 @@ def run_pipeline_case(ctx: RankContext, case: PipelineCase) -> TaskResult:
     return TaskResult(tuple(records), routes=routes_of(reference_of(spec), declared, opt, ctx.rank))
 
 
+class Held(nn.Module):
+    """The model chunks a pipeline rank holds, as one module whose parameters keep their names in
+    the whole model (``Stage``'s), for the optimizer's groups and ``zero_grad``."""
+
+    def __init__(self, chunks: list[Stage]) -> None:
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        for chunk in self.chunks:
+            yield from chunk.named_parameters()
+
+
 def _stage_of(ctx: RankContext, case: PipelineCase) -> tuple[Any, Any, int, int]:
     """This rank's pipeline group, its stage's data-parallel mesh, its stage and its data rank,
     on a row-major ``(pp, dp)`` mesh: ranks ``s·dp .. s·dp + dp − 1`` hold stage ``s``."""
@@ -228,6 +282,8 @@ def _one_device_step(model: nn.Module, case: PipelineCase, step: int, device: to
             loss = byte_loss(model(tokens), targets)
             grads[rank].append(torch.autograd.grad(loss, params, allow_unused=True))
             losses[rank].append(loss.detach())
+        if SCHEDULES[case.schedule].reversed:
+            grads[rank].reverse()  # summed in the order the schedule's backwards take them
     for p, grad in zip(params, one_device_gradients(grads, params, case.one_device()), strict=True):
         p.grad = grad / n
     return losses
