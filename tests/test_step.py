@@ -4,8 +4,11 @@ refused by name."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from support import REPO, run_python
 
 from harness.models.step import FULL, SCHEDULES, Accumulation, Precision, Resume, one_device_gradients
 from harness.models.transformer import TransformerCase
@@ -224,3 +227,21 @@ def test_a_pipeline_s_one_device_step_sums_each_data_rank_s_micro_batches_before
     assert (one.world_size, one.accumulation) == (2, Accumulation(3, "last"))
     assert order_free(one)
     assert not order_free(PipelineCase(TransformerCase("x", layers=4, world_size=8)).one_device())
+
+
+@pytest.mark.slow
+def test_the_zero_bubble_fsdp2_finding_still_reproduces_with_torch_alone() -> None:
+    """The torch finding that keeps ``ScheduleInterleavedZeroBubble`` out of the pipeline gates'
+    schedules; when torch fixes it, this fails, and the schedule can join them."""
+    from harness.tasks.pipeline import SCHEDULES
+
+    assert all(s.cls != "ScheduleInterleavedZeroBubble" for s in SCHEDULES.values())
+    script = REPO / "examples" / "findings" / "pipelining_zero_bubble_fsdp2_blocks.py"
+    run = run_python(
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script,
+        timeout=120, env={**os.environ, "PYTHONPATH": ""},
+    )  # fmt: skip
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "ScheduleInterleaved1F1B, fully_shard on each block and the stage: every gradient agrees" in run.stdout
+    assert "ScheduleInterleavedZeroBubble, fully_shard on the stage: every gradient agrees" in run.stdout
+    assert "ScheduleInterleavedZeroBubble, fully_shard on each block and the stage: stage" in run.stdout

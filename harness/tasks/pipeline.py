@@ -61,10 +61,10 @@ class Schedule(NamedTuple):
     reversed: bool = False
 
 
-#: the schedules a case may run. Not ``ScheduleInterleavedZeroBubble``: under the gate its
-#: gradients differed from the second step on (sign flips, not rounding), while a standalone run
-#: of it on the same model, FSDP2 stages and SGD steps agreed with one device; undetermined
-#: whose (results of 2026-12-08)
+#: the schedules a case may run. Not ``ScheduleInterleavedZeroBubble``: with FSDP2 on each block
+#: as well as on the stage (as ``TransformerCase.wrap`` lays a model out) its weight gradients
+#: differ from one device's or are missing, a torch finding with a standalone reproducer
+#: (``examples/findings/pipelining_zero_bubble_fsdp2_blocks.py``)
 SCHEDULES = {
     "gpipe": Schedule("ScheduleGPipe"),
     "1f1b": Schedule("Schedule1F1B"),
