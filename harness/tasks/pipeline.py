@@ -13,8 +13,9 @@ gradients (FSDP2 reduces only at the last backward) and divides by their number 
 
 The one-device side (on every rank, the whole model) follows that declaration: each
 data-parallel rank's micro-batches forward and backward in turn, each rank's gradients summed
-over its micro-batches in the order the schedule's backwards take them, the mean over the ranks (``harness.models.step.one_device_gradients``
-with ``sync="last"``), then divided by the number of micro-batches. Losses (on the last stage),
+over its micro-batches in the order the schedule's backwards take them, the mean over the
+ranks (``harness.models.step.one_device_gradients`` with ``sync="last"``), then divided by the
+number of micro-batches. Losses (on the last stage),
 gradients, parameters and optimizer state of each stage's parameters are compared after every
 step: bitwise where each mean has at most two ranks, else in ``reduction_order``. A schedule
 that trains on only some micro-batches, or sums where a mean is due, differs; with three
@@ -89,11 +90,10 @@ class PipelineCase:
         spec = self.spec
         if self.schedule not in SCHEDULES:
             raise ValueError(f"PipelineCase schedule={self.schedule!r}: one of {sorted(SCHEDULES)}")
-        chunks = SCHEDULES[self.schedule].chunks
-        if self.stages < 2 or spec.world_size % self.stages or spec.layers % (self.stages * chunks):
+        if self.stages < 2 or spec.world_size % self.stages or spec.layers % (self.stages * self.chunks):
             raise ValueError(
                 f"PipelineCase stages={self.stages}: at least 2, dividing world_size={spec.world_size}, and with "
-                f"{self.schedule}'s {chunks} chunk(s) a rank dividing the model's {spec.layers} layers"
+                f"{self.schedule}'s {self.chunks} chunk(s) a rank dividing the model's {spec.layers} layers"
             )
         if self.micro_batches < self.stages:
             raise ValueError(
