@@ -13,8 +13,7 @@ import pytest
 from harness import layouts
 from harness.candidates import Impl, Kernel, UnsupportedConvention, declaration_of
 from harness.cases import Case, ReshardCase
-from harness.tasks.pipeline import PipelineCase
-from harness.tasks.training import TwinsCase
+from harness.tasks.training import AroundSpec
 
 #: the tasks ``--against self`` also runs on one device
 SELF_JUDGED = ("optimizer", "routing", "backward")
@@ -52,7 +51,7 @@ class Adaptation:
         try:
             if isinstance(case, ReshardCase):
                 return self._reshard(case)
-            if isinstance(case, (TwinsCase, PipelineCase)):
+            if isinstance(case, AroundSpec):
                 return replace(case, spec=self.impl.adapt_training(case.spec))
             if isinstance(case, Case):
                 return self.impl.adapt(case, self.nproc)

@@ -41,6 +41,7 @@ from harness.tasks.common import compare_params_and_state, compare_shard, mesh_f
 from harness.tasks.result import TaskResult
 from harness.tasks.routing import routes_of
 from harness.tasks.training import (
+    AroundSpec,
     candidate_optimizer,
     order_free,
     reduction_order,
@@ -75,13 +76,12 @@ SCHEDULES = {
 
 
 @dataclass(frozen=True)
-class PipelineCase:
+class PipelineCase(AroundSpec):
     """A transformer (``spec``, a ``TransformerCase`` of ``spec.world_size`` ranks) trained over
     ``stages`` pipeline ranks (each holding the schedule's ``chunks`` of the model) by
     ``schedule`` (a key of ``SCHEDULES``) over ``micro_batches`` micro-batches of ``spec.batch``
     windows a step (module docstring)."""
 
-    spec: Any
     schedule: str = "gpipe"
     micro_batches: int = 3
     stages: int = 2
@@ -108,21 +108,9 @@ class PipelineCase:
                 )
 
     @property
-    def world_size(self) -> int:
-        return int(self.spec.world_size)
-
-    @property
     def data_parallel(self) -> int:
         """The ranks each stage is sharded over."""
         return self.world_size // self.stages
-
-    @property
-    def candidate(self) -> Any:
-        return self.spec.candidate
-
-    @property
-    def reference(self) -> Any:
-        return self.spec.reference
 
     @property
     def chunks(self) -> int:

@@ -328,22 +328,12 @@ def _loss_name(spec: TrainingSpec, micro: int) -> str:
 
 
 @dataclass(frozen=True)
-class TwinsCase:
-    """A model to train as two FSDP2 twins (``run_training_twins``), ``accumulate``
-    micro-batches per step; with ``tp`` 2, FSDP2 × TP on a ``(dp, tp)`` mesh of ``(2, 2)``
-    (the spec's ``tp_plan`` by ``parallelize_module`` on ``tp``, then FSDP2 on ``dp``)."""
+class AroundSpec:
+    """A case around a training spec (the twins, a pipeline): it runs on the spec's ranks, with
+    its candidate and reference, so the session's candidate goes into the spec
+    (``harness.runner.adapt``)."""
 
     spec: Any
-    accumulate: int = 1
-    tp: int = 1
-
-    def __post_init__(self) -> None:
-        if self.tp > 1 and self.world_size != 2 * self.tp:
-            raise ValueError(f"tp={self.tp} on {self.world_size} ranks: FSDP2 × TP twins run on a (2, tp) mesh")
-
-    @property
-    def layout(self) -> Layout:
-        return FSDP_TP if self.tp > 1 else FSDP
 
     @property
     def world_size(self) -> int:
@@ -356,6 +346,24 @@ class TwinsCase:
     @property
     def reference(self) -> Any:
         return self.spec.reference
+
+
+@dataclass(frozen=True)
+class TwinsCase(AroundSpec):
+    """A model to train as two FSDP2 twins (``run_training_twins``), ``accumulate``
+    micro-batches per step; with ``tp`` 2, FSDP2 × TP on a ``(dp, tp)`` mesh of ``(2, 2)``
+    (the spec's ``tp_plan`` by ``parallelize_module`` on ``tp``, then FSDP2 on ``dp``)."""
+
+    accumulate: int = 1
+    tp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp > 1 and self.world_size != 2 * self.tp:
+            raise ValueError(f"tp={self.tp} on {self.world_size} ranks: FSDP2 × TP twins run on a (2, tp) mesh")
+
+    @property
+    def layout(self) -> Layout:
+        return FSDP_TP if self.tp > 1 else FSDP
 
     def describe(self) -> str:
         layout = f" · FSDP2 × TP (2×{self.tp})" if self.tp > 1 else ""
