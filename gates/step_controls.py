@@ -141,13 +141,11 @@ class LastMicroBatchPipeline(PipelineCase):
     def step(
         self, schedule: Any, stage_module: nn.Module, tokens: Tensor | None, targets: Tensor | None
     ) -> list[Tensor]:
-        losses: list[Tensor] = []
         n = self.micro_batches
-        for micro in range(n):
+        inputs = [None] * n if tokens is None else tokens.tensor_split(n)
+        outputs = [None] * n if targets is None else targets.tensor_split(n)
+        losses: list[Tensor] = []
+        for micro_tokens, micro_targets in zip(inputs, outputs, strict=True):
             stage_module.zero_grad()
-            losses += feed(
-                schedule,
-                None if tokens is None else tokens.tensor_split(n)[micro],
-                None if targets is None else targets.tensor_split(n)[micro],
-            )
+            losses += feed(schedule, micro_tokens, micro_targets)
         return losses
